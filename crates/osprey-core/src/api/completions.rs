@@ -1,0 +1,141 @@
+//! `POST /v1/completions`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::common::{Finish, SamplingFields, Usage};
+use crate::error::{Error, Result};
+use crate::sampling::SamplingParams;
+
+/// A text completion request.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CompletionRequest {
+    /// The model to use.
+    pub model: String,
+    /// The prompt(s).
+    pub prompt: PromptInput,
+    /// Most tokens to generate (default 16, as in OpenAI's API).
+    pub max_tokens: Option<i64>,
+    /// Return the prompt before the completion.
+    #[serde(default)]
+    pub echo: bool,
+    /// Return log-probabilities with this many alternatives per token, 0 to 20.
+    pub logprobs: Option<i64>,
+    /// Sampling and streaming options.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// `prompt`: text, texts, token ids, or lists of token ids.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    /// One text prompt.
+    Text(String),
+    /// Several text prompts.
+    Texts(Vec<String>),
+    /// One prompt as token ids.
+    Tokens(Vec<u32>),
+    /// Several prompts as token ids.
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// One prompt, before tokenization.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    /// Text to tokenize.
+    Text(String),
+    /// Token ids, used as given.
+    Tokens(Vec<u32>),
+}
+
+impl CompletionRequest {
+    /// The prompts, each producing `n` choices; at least one, none empty.
+    pub fn prompts(&self) -> Result<Vec<Prompt>> {
+        let prompts: Vec<Prompt> = match &self.prompt {
+            PromptInput::Text(t) => vec![Prompt::Text(t.clone())],
+            PromptInput::Texts(v) => v.iter().cloned().map(Prompt::Text).collect(),
+            PromptInput::Tokens(v) => vec![Prompt::Tokens(v.clone())],
+            PromptInput::TokenLists(v) => v.iter().cloned().map(Prompt::Tokens).collect(),
+        };
+        if prompts.is_empty() {
+            return Err(Error::invalid("prompt", "`prompt` must not be an empty list"));
+        }
+        if prompts.len() > 64 {
+            return Err(Error::invalid("prompt", "at most 64 prompts per request"));
+        }
+        if prompts.iter().any(|p| matches!(p, Prompt::Tokens(t) if t.is_empty())) {
+            return Err(Error::invalid("prompt", "a token-id prompt must not be empty"));
+        }
+        Ok(prompts)
+    }
+
+    /// Validated sampling parameters.
+    pub fn sampling_params(&self) -> Result<SamplingParams> {
+        let logprobs = match self.logprobs {
+            None => None,
+            Some(n) if (0..=20).contains(&n) => Some(n as usize),
+            Some(n) => {
+                return Err(Error::invalid("logprobs", format!("logprobs must be between 0 and 20, got {n}")));
+            }
+        };
+        self.sampling.to_params(Some(self.max_tokens.unwrap_or(16)), logprobs)
+    }
+}
+
+/// A complete (or streamed) text completion response; streaming sends one per event.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Completion {
+    /// Response id (`cmpl-…`).
+    pub id: String,
+    /// Always `text_completion`.
+    pub object: String,
+    /// Unix time of creation.
+    pub created: u64,
+    /// The model.
+    pub model: String,
+    /// One choice per prompt and `n`.
+    pub choices: Vec<CompletionChoice>,
+    /// Token counts (on streamed chunks: only the last, with `include_usage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+    /// Identifies the serving configuration.
+    pub system_fingerprint: Option<String>,
+}
+
+/// One completion.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    /// Which choice: `prompt_index * n + i`.
+    pub index: usize,
+    /// The text (with the prompt first when `echo`).
+    pub text: String,
+    /// Log-probabilities, if requested.
+    pub logprobs: Option<CompletionLogprobs>,
+    /// Why generation stopped.
+    pub finish_reason: Finish,
+}
+
+/// OpenAI's legacy log-probability format: parallel arrays, one entry per token.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CompletionLogprobs {
+    /// Token texts.
+    pub tokens: Vec<String>,
+    /// Log-probability of each token (`null` for the first prompt token).
+    pub token_logprobs: Vec<Option<f32>>,
+    /// The most likely alternatives at each position.
+    pub top_logprobs: Vec<Option<BTreeMap<String, f32>>>,
+    /// Character offset of each token in the choice's text.
+    pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// Appends `other`'s entries.
+    pub fn extend(&mut self, other: CompletionLogprobs) {
+        self.tokens.extend(other.tokens);
+        self.token_logprobs.extend(other.token_logprobs);
+        self.top_logprobs.extend(other.top_logprobs);
+        self.text_offset.extend(other.text_offset);
+    }
+}

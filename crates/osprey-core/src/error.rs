@@ -1,0 +1,81 @@
+//! The error contract shared by all crates.
+
+/// What kind of failure occurred; the gateway maps each kind to one HTTP status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is malformed or asks for something impossible (400).
+    InvalidRequest,
+    /// The request body is larger than the server accepts (413).
+    PayloadTooLarge,
+    /// The named model, or another resource, does not exist (404).
+    NotFound,
+    /// No or wrong credentials (401).
+    Unauthorized,
+    /// The caller is over a rate limit (429).
+    RateLimited,
+    /// The server is at capacity or not ready; retry later (503).
+    Unavailable,
+    /// A bug or an unexpected failure inside the server (500).
+    Internal,
+}
+
+/// A failure with a message for the caller, in OpenAI's terms.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    /// The kind, which decides the HTTP status.
+    pub kind: ErrorKind,
+    /// A message a person understands.
+    pub message: String,
+    /// The request field at fault, if one is (`"messages"`, `"max_tokens"`…).
+    pub param: Option<String>,
+    /// A stable machine-readable code (`"model_not_found"`, `"context_length_exceeded"`…).
+    pub code: Option<String>,
+}
+
+impl Error {
+    /// An error of `kind` with `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    /// A 400 about field `param`.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidRequest, message).with_param(param)
+    }
+
+    /// An internal error.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, message)
+    }
+
+    /// The 404 for a model the server does not serve.
+    pub fn model_not_found(model: &str) -> Self {
+        Self::new(
+            ErrorKind::NotFound,
+            format!("The model `{model}` does not exist. GET /v1/models lists the models served here."),
+        )
+        .with_param("model")
+        .with_code("model_not_found")
+    }
+
+    /// Names the request field at fault.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    /// Sets the machine-readable code.
+    pub fn with_code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+}
+
+/// Result alias using [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,25 @@
+//! Osprey's shared vocabulary, depended on by every other crate and depending on none.
+//!
+//! - [`api`]: the OpenAI wire format (requests, responses, stream chunks, the error envelope),
+//!   lenient where OpenAI is (unknown fields are ignored) and precise in its error messages;
+//! - [`sampling`]: [`SamplingParams`], the validated form of a request's decoding options;
+//! - [`error`]: [`Error`], the error contract: every failure is a kind plus a message a person
+//!   understands; only the gateway turns a kind into an HTTP status.
+//!
+//! ```
+//! use osprey_core::api::ChatCompletionRequest;
+//! let req: ChatCompletionRequest = osprey_core::api::parse_json(
+//!     br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0}"#,
+//! ).unwrap();
+//! let params = req.sampling_params().unwrap();
+//! assert_eq!(params.temperature, 0.0);
+//! ```
+#![deny(missing_docs)]
+
+pub mod api;
+pub mod error;
+pub mod metrics;
+pub mod sampling;
+
+pub use error::{Error, ErrorKind};
+pub use sampling::{FinishReason, SamplingParams};

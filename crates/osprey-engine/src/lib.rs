@@ -1,0 +1,43 @@
+//! Osprey's inference engine: from token ids in to token ids out, many requests at once.
+//!
+//! One engine thread runs steps ([`engine`]): the [`scheduler::Scheduler`] picks which
+//! [`sequence::Sequence`]s run and how many tokens each (continuous batching, chunked prefill),
+//! the model computes them in one forward pass over the paged KV cache (blocks handed out by
+//! [`block_allocator::BlockAllocator`]), and each sequence's [`sampler::Sampler`] picks its next
+//! token. Request handlers talk to it through the [`Engine`] handle:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use osprey_engine::{Engine, EngineConfig};
+//! let engine = Engine::load("model.gguf".as_ref(), EngineConfig::default())?;
+//! let prompt = engine.tokenizer().encode("The capital of France is", true);
+//! let params = osprey_core::SamplingParams { temperature: 0.0, max_tokens: 8, ..Default::default() };
+//! let mut generation = engine.generate(engine.validate(prompt, params, false, 0)?)?;
+//! while let Some(delta) = generation.next().await {
+//!     print!("{}", delta?.text);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Text concerns live here too: the [`tokenizer::Tokenizer`] and [`chat_template::ChatTemplate`]
+//! built from the model file, and the streaming [`detokenizer`] that never emits half a UTF-8
+//! character or part of a stop string ([`output::Generation`]).
+#![deny(missing_docs)]
+
+pub mod block_allocator;
+pub mod chat_template;
+pub mod detokenizer;
+pub mod engine;
+pub mod output;
+pub mod request;
+pub mod sampler;
+pub mod scheduler;
+pub mod sequence;
+pub mod tokenizer;
+
+pub use chat_template::{ChatTemplate, TemplateMessage};
+pub use engine::{Engine, EngineConfig, ModelInfo};
+pub use output::{Delta, Generation};
+pub use request::{SeqEvent, ValidRequest};
+pub use sampler::{Sampled, TokenLogprob};
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,298 @@
+//! Choosing the next token: penalties, biases, temperature, top-k/top-p/min-p, seeded RNG.
+
+use std::collections::{HashMap, HashSet};
+
+use osprey_core::SamplingParams;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// A token's log-probability and the most likely alternatives at its position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token.
+    pub id: u32,
+    /// Its log-probability under the model (before penalties and temperature).
+    pub logprob: f32,
+    /// The `n` most likely tokens and their log-probabilities, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The outcome of one sampling step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    /// The chosen token.
+    pub id: u32,
+    /// Its log-probability, when the request asked for them.
+    pub logprob: Option<TokenLogprob>,
+}
+
+/// The per-sequence sampler: its parameters, random state and token history.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+    /// Occurrences of each token in the output (presence and frequency penalties).
+    output_counts: HashMap<u32, u32>,
+    /// Tokens of prompt and output (repetition penalty).
+    seen: HashSet<u32>,
+    generated: usize,
+    /// Tokens that may not be chosen before `min_tokens` (EOS, end-of-turn, stop ids).
+    enders: Vec<u32>,
+}
+
+impl Sampler {
+    /// A sampler for one sequence. `seed` decides the random stream; `enders` are the tokens
+    /// `min_tokens` holds back.
+    pub fn new(params: SamplingParams, seed: u64, prompt: &[u32], enders: Vec<u32>) -> Self {
+        let seen = if params.repetition_penalty != 1.0 {
+            prompt.iter().copied().collect()
+        } else {
+            HashSet::new()
+        };
+        Self {
+            params,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            output_counts: HashMap::new(),
+            seen,
+            generated: 0,
+            enders,
+        }
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token from `logits` (modified in place) and records it.
+    pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
+        let raw_stats = self.params.logprobs.map(|n| {
+            let lse = log_sum_exp(logits);
+            (lse, top_n(logits, n, lse))
+        });
+        // Only the chosen token's raw logit is needed afterwards; remember them all cheaply
+        // only when asked for log-probabilities.
+        let raw = raw_stats.as_ref().map(|_| logits.to_vec());
+        self.apply_penalties(logits);
+        let id = if self.params.is_greedy() {
+            argmax(logits)
+        } else {
+            self.sample_random(logits)
+        };
+        self.record(id);
+        let logprob = raw_stats.zip(raw).map(|((lse, top), raw)| TokenLogprob {
+            id,
+            logprob: raw[id as usize] - lse,
+            top,
+        });
+        Sampled { id, logprob }
+    }
+
+    fn record(&mut self, id: u32) {
+        self.generated += 1;
+        *self.output_counts.entry(id).or_default() += 1;
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(id);
+        }
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        for &(id, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+        if self.generated < p.min_tokens {
+            for &id in &self.enders {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if p.repetition_penalty != 1.0 {
+            for &id in &self.seen {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&id, &count) in &self.output_counts {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * count as f32;
+                }
+            }
+        }
+    }
+
+    fn sample_random(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        let inv_t = 1.0 / p.temperature;
+        // Candidates, best first when any truncation needs an order.
+        let mut cand: Vec<(u32, f32)> = if p.top_k > 0 {
+            let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            let k = p.top_k.min(all.len());
+            all.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+            all.truncate(k);
+            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            all
+        } else {
+            logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect()
+        };
+        let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+        if max == f32::NEG_INFINITY {
+            return 0;
+        }
+        let mut total = 0f32;
+        for c in cand.iter_mut() {
+            c.1 = osprey_models::kernels::ops::exp((c.1 - max) * inv_t);
+            total += c.1;
+        }
+        if p.min_p > 0.0 {
+            // The best candidate has weight exactly 1 after subtracting the max.
+            cand.retain(|c| c.1 >= p.min_p);
+            total = cand.iter().map(|c| c.1).sum();
+        }
+        if p.top_p < 1.0 {
+            if p.top_k == 0 {
+                cand = best_first_prefix(cand, total * p.top_p);
+            }
+            let mut cum = 0f32;
+            let keep = cand
+                .iter()
+                .position(|c| {
+                    cum += c.1;
+                    cum >= total * p.top_p
+                })
+                .map_or(cand.len(), |i| i + 1);
+            cand.truncate(keep);
+            total = cand.iter().map(|c| c.1).sum();
+        }
+        let mut u = self.rng.random::<f32>() * total;
+        for &(id, w) in &cand {
+            if u < w {
+                return id;
+            }
+            u -= w;
+        }
+        cand.last().map_or(0, |c| c.0)
+    }
+}
+
+/// The highest-weight candidates, sorted best first, enough to reach `mass` (widening the
+/// partial sort geometrically instead of sorting the whole vocabulary).
+fn best_first_prefix(mut cand: Vec<(u32, f32)>, mass: f32) -> Vec<(u32, f32)> {
+    let mut k = 64.min(cand.len());
+    loop {
+        if k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+        }
+        let head = &mut cand[..k];
+        head.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if head.iter().map(|c| c.1).sum::<f32>() >= mass || k == cand.len() {
+            cand.truncate(k);
+            return cand;
+        }
+        k = (k * 4).min(cand.len());
+    }
+}
+
+/// Index of the largest logit (the lowest index among ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// `log Σ exp(x)`, stable.
+pub fn log_sum_exp(x: &[f32]) -> f32 {
+    let max = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    if max == f32::NEG_INFINITY {
+        return max;
+    }
+    let sum: f32 = x.iter().map(|&v| osprey_models::kernels::ops::exp(v - max)).sum();
+    max + sum.ln()
+}
+
+/// The `n` best tokens as `(id, logprob)`, best first.
+pub fn top_n(logits: &[f32], n: usize, lse: f32) -> Vec<(u32, f32)> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let n = n.min(idx.len());
+    idx.select_nth_unstable_by(n - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+    idx.truncate(n);
+    idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    idx.into_iter().map(|i| (i, logits[i as usize] - lse)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn greedy_takes_argmax_and_reports_logprobs() {
+        let p = params(|p| {
+            p.temperature = 0.0;
+            p.logprobs = Some(2);
+        });
+        let mut s = Sampler::new(p, 0, &[], vec![]);
+        let out = s.sample(&mut vec![0.0, 3.0, 1.0]);
+        assert_eq!(out.id, 1);
+        let lp = out.logprob.unwrap();
+        let expect = 3.0 - (1f32 + 3f32.exp() + 1f32.exp()).ln();
+        assert!((lp.logprob - expect).abs() < 1e-5);
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seed_differs() {
+        let logits: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 / 20.0).collect();
+        let run = |seed| {
+            let mut s = Sampler::new(SamplingParams::default(), seed, &[], vec![]);
+            (0..50).map(|_| s.sample(&mut logits.clone()).id).collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn top_k_one_and_bias_and_min_tokens() {
+        let mut s = Sampler::new(params(|p| p.top_k = 1), 1, &[], vec![]);
+        assert_eq!(s.sample(&mut vec![0.0, 5.0, 1.0]).id, 1);
+        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.logit_bias = vec![(2, 10.0)]; }), 1, &[], vec![]);
+        assert_eq!(s.sample(&mut vec![0.0, 5.0, 1.0]).id, 2);
+        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.min_tokens = 1; }), 1, &[], vec![1]);
+        assert_eq!(s.sample(&mut vec![0.0, 5.0, 1.0]).id, 2, "EOS held back");
+        assert_eq!(s.sample(&mut vec![0.0, 5.0, 1.0]).id, 1, "then allowed");
+    }
+
+    #[test]
+    fn top_p_keeps_only_the_nucleus() {
+        // Token 0 carries ~88% of the mass: top_p 0.5 must always pick it.
+        let mut s = Sampler::new(params(|p| p.top_p = 0.5), 3, &[], vec![]);
+        for _ in 0..100 {
+            assert_eq!(s.sample(&mut vec![4.0, 1.0, 1.0, 0.0]).id, 0);
+        }
+    }
+
+    #[test]
+    fn penalties_push_repeats_down() {
+        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.frequency_penalty = 2.0; }), 0, &[], vec![]);
+        assert_eq!(s.sample(&mut vec![1.0, 0.5]).id, 0);
+        assert_eq!(s.sample(&mut vec![1.0, 0.5]).id, 1, "token 0 penalised after use");
+        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.repetition_penalty = 4.0; }), 0, &[0], vec![]);
+        assert_eq!(s.sample(&mut vec![1.0, 0.5]).id, 1, "prompt token penalised");
+    }
+}

@@ -1,0 +1,74 @@
+//! A sequence: one prompt being continued, with its KV blocks and sampler.
+
+use std::time::Instant;
+
+use osprey_core::FinishReason;
+
+use crate::block_allocator::BlockTable;
+use crate::request::{EventSender, SeqEvent};
+use crate::sampler::Sampler;
+
+/// One generation in flight, owned by the scheduler.
+pub struct Sequence {
+    /// Engine-wide id, for logs.
+    pub id: u64,
+    /// Prompt followed by generated tokens.
+    pub tokens: Vec<u32>,
+    /// Tokens of `tokens` that are prompt.
+    pub prompt_len: usize,
+    /// Leading tokens whose keys and values are in the KV cache.
+    pub num_computed: usize,
+    /// The KV blocks; returned to the pool when the sequence is dropped.
+    pub block_table: BlockTable,
+    /// Chooses the next token.
+    pub sampler: Sampler,
+    /// Prompt positions whose log-probabilities have been sent (when asked for); survives
+    /// preemption so a recomputed prompt is not reported twice.
+    pub prompt_logprobs_sent: Option<usize>,
+    /// Hard cap on `tokens.len()`: the context window.
+    pub max_len: usize,
+    /// Tokens that end generation (EOS and end-of-turn), unless `ignore_eos`.
+    pub end_tokens: Vec<u32>,
+    /// Where events go.
+    pub events: EventSender,
+    /// When the request reached the engine.
+    pub arrival: Instant,
+    /// Set when the last step ended the sequence.
+    pub finish: Option<FinishReason>,
+}
+
+impl Sequence {
+    /// Tokens not yet in the KV cache (the prompt, or the last sampled token).
+    pub fn uncomputed(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Whether the client has gone away.
+    pub fn is_cancelled(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    /// Sends an event; a gone client is noticed at the next step.
+    pub fn send(&self, event: SeqEvent) {
+        let _ = self.events.send(event);
+    }
+
+    /// Appends a sampled token and says whether that ends the sequence.
+    pub fn push_token(&mut self, id: u32) -> Option<FinishReason> {
+        self.tokens.push(id);
+        let p = self.sampler.params();
+        let min_reached = self.generated() >= p.min_tokens;
+        if min_reached && (self.end_tokens.contains(&id) || p.stop_token_ids.contains(&id)) {
+            return Some(FinishReason::Stop);
+        }
+        if self.generated() >= p.max_tokens || self.tokens.len() >= self.max_len {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+}

@@ -1,0 +1,60 @@
+//! Errors raised while loading or running a model.
+
+use candle_core::quantized::GgmlDType;
+
+/// What can go wrong when opening a model file or running it.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file is not a valid GGUF file.
+    #[error("{path} is not a valid GGUF file: {reason}")]
+    InvalidGguf {
+        /// The file.
+        path: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// A metadata key the architecture needs is missing or has the wrong type.
+    #[error("GGUF metadata key `{key}` is missing or malformed")]
+    Metadata {
+        /// The key.
+        key: String,
+    },
+    /// The model's architecture is not one Osprey implements.
+    #[error("unsupported model architecture `{0}` (supported: llama, mistral, qwen2)")]
+    UnsupportedArchitecture(String),
+    /// A tensor has a storage type Osprey has no kernel for.
+    #[error("tensor `{tensor}` has unsupported type {dtype:?} (supported: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)")]
+    UnsupportedTensorType {
+        /// The tensor's name.
+        tensor: String,
+        /// Its storage type.
+        dtype: GgmlDType,
+    },
+    /// A tensor the architecture needs is absent.
+    #[error("tensor `{0}` is missing from the model file")]
+    MissingTensor(String),
+    /// A tensor's shape disagrees with the model's configuration.
+    #[error("tensor `{tensor}` has shape {actual:?}, expected {expected:?}")]
+    Shape {
+        /// The tensor's name.
+        tensor: String,
+        /// The shape found, outermost dimension first.
+        actual: Vec<usize>,
+        /// The shape the configuration implies.
+        expected: Vec<usize>,
+    },
+    /// The tokenizer metadata cannot be turned into a tokenizer.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

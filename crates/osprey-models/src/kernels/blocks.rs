@@ -1,0 +1,143 @@
+//! GGML block formats with Osprey's own kernels, and the 8-bit activation rows they multiply.
+//!
+//! The layouts are ggml's, byte for byte, so GGUF tensor data is used as stored.
+
+use half::f16;
+
+/// Elements per quantization block for the 32-element formats.
+pub const QK: usize = 32;
+
+/// ggml `Q4_1`: 32 weights as `d * q + m`, `q` in 0..16. Byte `j` of `qs` holds element `j`
+/// in its low nibble and element `j + 16` in its high nibble.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BlockQ4_1 {
+    /// Scale.
+    pub d: f16,
+    /// Offset (the block minimum).
+    pub m: f16,
+    /// Packed nibbles.
+    pub qs: [u8; QK / 2],
+}
+
+/// ggml `Q8_0`: 32 weights as `d * q`, `q` in -127..=127.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ8_0 {
+    /// Scale.
+    pub d: f16,
+    /// Quantized values.
+    pub qs: [i8; QK],
+}
+
+impl Default for BlockQ8_0 {
+    fn default() -> Self {
+        Self {
+            d: f16::ZERO,
+            qs: [0; QK],
+        }
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
+
+impl BlockQ4_1 {
+    /// Dequantizes into 32 floats.
+    pub fn to_f32(&self, out: &mut [f32]) {
+        let (d, m) = (self.d.to_f32(), self.m.to_f32());
+        for (j, &b) in self.qs.iter().enumerate() {
+            out[j] = (b & 0x0f) as f32 * d + m;
+            out[j + QK / 2] = (b >> 4) as f32 * d + m;
+        }
+    }
+}
+
+impl BlockQ8_0 {
+    /// Dequantizes into 32 floats.
+    pub fn to_f32(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (o, &q) in out.iter_mut().zip(&self.qs) {
+            *o = q as f32 * d;
+        }
+    }
+}
+
+/// Reinterprets GGUF tensor bytes as blocks, copying them into owned, aligned memory.
+pub fn blocks_from_bytes<B: Copy + Default>(bytes: &[u8]) -> Vec<B> {
+    let size = std::mem::size_of::<B>();
+    assert_eq!(bytes.len() % size, 0, "tensor bytes are not whole blocks");
+    let mut out = vec![B::default(); bytes.len() / size];
+    // SAFETY: `B` is a `repr(C)` plain-old-data block type for which every bit pattern is
+    // valid, and `out` has exactly `bytes.len()` bytes of room.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), bytes.len());
+    }
+    out
+}
+
+/// Rows of activations quantized to 8 bits in blocks of 32 (ggml's `Q8_1`, with the scale
+/// and the scaled block sum kept as `f32` in separate arrays for the SIMD kernels).
+#[derive(Default)]
+pub struct QuantizedRows {
+    /// Elements per row (a multiple of 32).
+    pub cols: usize,
+    /// Quantized values, row-major.
+    pub qs: Vec<i8>,
+    /// Per-block scale `d`, so an element is `d * q`.
+    pub d: Vec<f32>,
+    /// Per-block `d * sum(q)`, which `Q4_1`'s offset term needs.
+    pub s: Vec<f32>,
+}
+
+/// One row of a [`QuantizedRows`].
+#[derive(Clone, Copy)]
+pub struct QuantizedRow<'a> {
+    /// Quantized values.
+    pub qs: &'a [i8],
+    /// Per-block scales.
+    pub d: &'a [f32],
+    /// Per-block scaled sums.
+    pub s: &'a [f32],
+}
+
+impl QuantizedRows {
+    /// Quantizes `rows` rows of `cols` floats each (`cols` a multiple of 32), reusing storage.
+    pub fn quantize(&mut self, x: &[f32], cols: usize) {
+        debug_assert_eq!(cols % QK, 0);
+        let rows = x.len() / cols;
+        let blocks = rows * cols / QK;
+        self.cols = cols;
+        self.qs.resize(rows * cols, 0);
+        self.d.resize(blocks, 0.0);
+        self.s.resize(blocks, 0.0);
+        for (b, (xb, qb)) in x.chunks_exact(QK).zip(self.qs.chunks_exact_mut(QK)).enumerate() {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, &v) in qb.iter_mut().zip(xb) {
+                // Round half to even, like ggml's AVX2 quantizer.
+                *q = (v * id).round_ties_even() as i8;
+                sum += *q as i32;
+            }
+            self.d[b] = d;
+            self.s[b] = d * sum as f32;
+        }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        if self.cols == 0 { 0 } else { self.qs.len() / self.cols }
+    }
+
+    /// Row `r`.
+    pub fn row(&self, r: usize) -> QuantizedRow<'_> {
+        let bpr = self.cols / QK;
+        QuantizedRow {
+            qs: &self.qs[r * self.cols..(r + 1) * self.cols],
+            d: &self.d[r * bpr..(r + 1) * bpr],
+            s: &self.s[r * bpr..(r + 1) * bpr],
+        }
+    }
+}

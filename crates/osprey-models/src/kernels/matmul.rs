@@ -1,0 +1,225 @@
+//! Quantized weight matrices and the matrix multiply `out = x · Wᵀ`.
+//!
+//! `Q4_1` and `Q8_0` weights, the formats of the default model, are repacked into 8-row tiles
+//! ([`super::tiles`]) and run Osprey's own kernels: activations are quantized to 8 bits once,
+//! row tiles are split across the pool, and each weight tile is decoded once for up to four
+//! activation rows.
+//! Every other GGML type runs candle's `vec_dot` for its block type, tiled the same way.
+
+use candle_core::quantized::GgmlDType;
+use candle_core::quantized::k_quants::{self as kq, GgmlType};
+use half::{bf16, f16};
+use std::cell::RefCell;
+
+use super::blocks::{QK, QuantizedRow, QuantizedRows, blocks_from_bytes};
+use super::tiles::{TILE_ROWS, Tile, TileQ4_1, TileQ8_0, repack};
+use super::par::{SharedMut, for_each_range, grain_for};
+
+/// Activation rows that share one decoded weight tile.
+const ROW_TILE: usize = 4;
+
+/// A weight matrix of `rows` outputs by `cols` inputs, in its storage format.
+pub struct QMatrix {
+    rows: usize,
+    cols: usize,
+    weights: Box<dyn Weights>,
+}
+
+impl std::fmt::Debug for QMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QMatrix({:?}, {}x{})", self.dtype(), self.rows, self.cols)
+    }
+}
+
+impl QMatrix {
+    /// Builds a matrix from GGML-format bytes; `None` if `dtype` has no kernel here.
+    ///
+    /// `bytes` must hold exactly `rows * cols` elements, and `cols` must be a multiple of the
+    /// type's block size (checked by the loader).
+    pub fn from_bytes(dtype: GgmlDType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+        let weights: Box<dyn Weights> = match dtype {
+            GgmlDType::Q4_1 => Box::new(Tiled::<TileQ4_1>::new(dtype, bytes, rows, cols)),
+            GgmlDType::Q8_0 => Box::new(Tiled::<TileQ8_0>::new(dtype, bytes, rows, cols)),
+            GgmlDType::F32 => Box::new(Ggml::<f32>::from_bytes(bytes)),
+            GgmlDType::F16 => Box::new(Ggml::<f16>::from_bytes(bytes)),
+            GgmlDType::BF16 => Box::new(Ggml::<bf16>::from_bytes(bytes)),
+            GgmlDType::Q4_0 => Box::new(Ggml::<kq::BlockQ4_0>::from_bytes(bytes)),
+            GgmlDType::Q5_0 => Box::new(Ggml::<kq::BlockQ5_0>::from_bytes(bytes)),
+            GgmlDType::Q5_1 => Box::new(Ggml::<kq::BlockQ5_1>::from_bytes(bytes)),
+            GgmlDType::Q2K => Box::new(Ggml::<kq::BlockQ2K>::from_bytes(bytes)),
+            GgmlDType::Q3K => Box::new(Ggml::<kq::BlockQ3K>::from_bytes(bytes)),
+            GgmlDType::Q4K => Box::new(Ggml::<kq::BlockQ4K>::from_bytes(bytes)),
+            GgmlDType::Q5K => Box::new(Ggml::<kq::BlockQ5K>::from_bytes(bytes)),
+            GgmlDType::Q6K => Box::new(Ggml::<kq::BlockQ6K>::from_bytes(bytes)),
+            GgmlDType::Q8_1 | GgmlDType::Q8K => return None,
+        };
+        Some(Self {
+            rows,
+            cols,
+            weights,
+        })
+    }
+
+    /// Output dimension.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input dimension.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Storage format.
+    pub fn dtype(&self) -> GgmlDType {
+        self.weights.dtype()
+    }
+
+    /// `out[t][j] = Σ_k x[t][k] · W[j][k]` for each of the `x.len() / cols` rows of `x`.
+    ///
+    /// Each output element is computed by the same instructions whatever the number of rows,
+    /// so results are bit-identical between a row computed alone and in a batch.
+    pub fn matmul(&self, x: &[f32], out: &mut [f32]) {
+        let t = x.len() / self.cols;
+        assert_eq!(x.len(), t * self.cols, "input is not whole rows");
+        assert_eq!(out.len(), t * self.rows, "output has the wrong size");
+        self.weights.matmul(x, self.rows, self.cols, out);
+    }
+
+    /// Dequantizes row `row` (an embedding lookup) into `out` (`cols` long).
+    pub fn row_to_f32(&self, row: usize, out: &mut [f32]) {
+        assert!(row < self.rows && out.len() == self.cols);
+        self.weights.row_to_f32(row, self.cols, out);
+    }
+}
+
+/// A weight storage format and its kernels.
+trait Weights: Send + Sync {
+    fn dtype(&self) -> GgmlDType;
+    fn matmul(&self, x: &[f32], rows: usize, cols: usize, out: &mut [f32]);
+    fn row_to_f32(&self, row: usize, cols: usize, out: &mut [f32]);
+}
+
+thread_local! {
+    static QUANTIZED_INPUT: RefCell<QuantizedRows> = RefCell::new(QuantizedRows::default());
+}
+
+/// A matrix repacked into 8-row tiles (`[row tile][block]`), with Osprey's kernels.
+struct Tiled<T> {
+    tiles: Vec<T>,
+    dtype: GgmlDType,
+}
+
+impl<T: Tile> Tiled<T> {
+    fn new(dtype: GgmlDType, bytes: &[u8], rows: usize, cols: usize) -> Self {
+        let blocks = blocks_from_bytes::<T::Block>(bytes);
+        Self {
+            tiles: repack(&blocks, rows, cols),
+            dtype,
+        }
+    }
+}
+
+impl<T: Tile> Weights for Tiled<T> {
+    fn dtype(&self) -> GgmlDType {
+        self.dtype
+    }
+
+    fn matmul(&self, x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+        let bpr = cols / QK;
+        let row_tiles = rows.div_ceil(TILE_ROWS);
+        QUANTIZED_INPUT.with_borrow_mut(|acts| {
+            acts.quantize(x, cols);
+            let acts = &*acts;
+            let t = acts.rows();
+            let out = SharedMut::new(out);
+            let write = |i: usize, tile: usize, values: [f32; TILE_ROWS]| {
+                let first = tile * TILE_ROWS;
+                let n = TILE_ROWS.min(rows - first);
+                // SAFETY: each task owns the output columns of its row tiles; `i < t`.
+                unsafe { out.slice(i * rows + first, n) }.copy_from_slice(&values[..n]);
+            };
+            for_each_range(row_tiles, grain_for(row_tiles, 2, 4), |range| {
+                for tile in range {
+                    let w = &self.tiles[tile * bpr..(tile + 1) * bpr];
+                    let mut i = 0;
+                    while i + ROW_TILE <= t {
+                        let group: [QuantizedRow; ROW_TILE] = std::array::from_fn(|r| acts.row(i + r));
+                        for (r, values) in T::dot(w, &group).into_iter().enumerate() {
+                            write(i + r, tile, values);
+                        }
+                        i += ROW_TILE;
+                    }
+                    for i in i..t {
+                        let [values] = T::dot(w, &[acts.row(i)]);
+                        write(i, tile, values);
+                    }
+                }
+            });
+        });
+    }
+
+    fn row_to_f32(&self, row: usize, cols: usize, out: &mut [f32]) {
+        let bpr = cols / QK;
+        let (tile, r) = (row / TILE_ROWS, row % TILE_ROWS);
+        for (b, chunk) in out.chunks_exact_mut(QK).enumerate() {
+            let t = &self.tiles[tile * bpr + b];
+            for (k, o) in chunk.iter_mut().enumerate() {
+                *o = t.value(r, k);
+            }
+        }
+    }
+}
+
+/// Any other GGML block type, through candle's `GgmlType` kernels.
+struct Ggml<T>(Vec<T>);
+
+impl<T: GgmlType> Ggml<T> {
+    fn from_bytes(bytes: &[u8]) -> Self {
+        let size = std::mem::size_of::<T>();
+        let mut blocks = vec![T::zeros(); bytes.len() / size];
+        // SAFETY: candle's block types are `repr(C)` plain data in GGML's byte layout; `blocks`
+        // has room for exactly the whole blocks in `bytes`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                blocks.as_mut_ptr().cast::<u8>(),
+                blocks.len() * size,
+            );
+        }
+        Self(blocks)
+    }
+}
+
+impl<T: GgmlType + 'static> Weights for Ggml<T> {
+    fn dtype(&self) -> GgmlDType {
+        T::DTYPE
+    }
+
+    fn matmul(&self, x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+        let t = x.len() / cols;
+        let wbpr = cols / T::BLCK_SIZE;
+        let abpr = cols / T::VecDotType::BLCK_SIZE;
+        let mut acts = vec![T::VecDotType::zeros(); t * abpr];
+        for (xr, ar) in x.chunks_exact(cols).zip(acts.chunks_exact_mut(abpr)) {
+            T::VecDotType::from_float(xr, ar);
+        }
+        let acts = &acts;
+        let out = SharedMut::new(out);
+        for_each_range(rows, grain_for(rows, 16, 4), |range| {
+            for j in range {
+                let w = &self.0[j * wbpr..(j + 1) * wbpr];
+                for i in 0..t {
+                    let v = T::vec_dot(cols, w, &acts[i * abpr..(i + 1) * abpr]);
+                    // SAFETY: each task owns output column `j`; `(i, j)` is in bounds.
+                    unsafe { out.write(i * rows + j, v) };
+                }
+            }
+        });
+    }
+
+    fn row_to_f32(&self, row: usize, cols: usize, out: &mut [f32]) {
+        let bpr = cols / T::BLCK_SIZE;
+        T::to_float(&self.0[row * bpr..(row + 1) * bpr], out);
+    }
+}

@@ -1,0 +1,8 @@
+//! CPU kernels: quantized matmul, attention over the paged cache, and the small ops between.
+
+pub mod attention;
+pub mod blocks;
+pub mod matmul;
+pub mod ops;
+pub mod par;
+pub mod tiles;

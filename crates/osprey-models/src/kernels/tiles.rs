@@ -1,0 +1,278 @@
+//! Weights repacked into tiles of 8 rows, and the kernels that multiply them.
+//!
+//! A tile holds one 32-element block of 8 consecutive weight rows, interleaved 4 bytes at a
+//! time so that one 256-bit register holds 4 quantized weights of each of the 8 rows. Against
+//! a broadcast group of 4 activations, `maddubs` + `madd` then yield the 8 rows' partial dot
+//! products in the 8 lanes: a block's dot products for 8 rows come out as one vector, with no
+//! horizontal sums, and the 8 rows' scales convert with one instruction.
+//!
+//! The repacking changes no byte count: a `Q4_1` tile is 8 GGML `Q4_1` blocks (160 bytes), a
+//! `Q8_0` tile 8 `Q8_0` blocks (272 bytes).
+//!
+//! Every output element (one weight row against one activation row) sees the same
+//! instructions in the same order, whichever other rows share the call, so results are
+//! bit-identical alone or in any batch.
+
+use half::f16;
+
+use super::blocks::{BlockQ4_1, BlockQ8_0, QK, QuantizedRow};
+
+/// Rows per tile.
+pub const TILE_ROWS: usize = 8;
+
+/// Eight rows' `Q4_1` blocks. Chunk `p` (32 bytes) holds, for row `r`, bytes `4p..4p+4` of that
+/// row's GGML `qs`: low nibbles are elements `4p..4p+4`, high nibbles elements `16+4p..`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TileQ4_1 {
+    /// Per-row scale.
+    pub d: [f16; TILE_ROWS],
+    /// Per-row offset.
+    pub m: [f16; TILE_ROWS],
+    /// Interleaved nibbles: `[chunk p][row r][byte j]`.
+    pub qs: [u8; 16 * TILE_ROWS],
+}
+
+/// Eight rows' `Q8_0` blocks; group `g` (32 bytes) holds elements `4g..4g+4` of each row.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TileQ8_0 {
+    /// Per-row scale.
+    pub d: [f16; TILE_ROWS],
+    /// Interleaved values: `[group g][row r][byte j]`.
+    pub qs: [i8; QK * TILE_ROWS],
+}
+
+const _: () = assert!(std::mem::size_of::<TileQ4_1>() == 8 * std::mem::size_of::<BlockQ4_1>());
+const _: () = assert!(std::mem::size_of::<TileQ8_0>() == 8 * std::mem::size_of::<BlockQ8_0>());
+
+/// A weight format stored as 8-row tiles.
+pub trait Tile: Copy + Send + Sync + 'static {
+    /// The GGML block it is made of.
+    type Block: Copy + Default;
+    /// Interleaves one block of each of 8 rows (missing rows of a last partial tile are zero).
+    fn pack(rows: [&Self::Block; TILE_ROWS]) -> Self;
+    /// Element `k` (0..32) of row `r` of this tile, dequantized.
+    fn value(&self, r: usize, k: usize) -> f32;
+    /// Dot products of the tile row-run `tiles` (one tile per block of the input) with each
+    /// activation row: `out[i][r]` for row `r` of the tile and activation `i`.
+    fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R];
+}
+
+/// Repacks a `rows × cols` GGML matrix (`blocks`, row-major) into tiles
+/// `[row tile][block]`, padding the last row tile with zero rows.
+pub fn repack<T: Tile>(blocks: &[T::Block], rows: usize, cols: usize) -> Vec<T> {
+    let bpr = cols / QK;
+    let zero = T::Block::default();
+    let mut out = Vec::with_capacity(rows.div_ceil(TILE_ROWS) * bpr);
+    for t in 0..rows.div_ceil(TILE_ROWS) {
+        for b in 0..bpr {
+            out.push(T::pack(std::array::from_fn(|r| {
+                let row = t * TILE_ROWS + r;
+                if row < rows { &blocks[row * bpr + b] } else { &zero }
+            })));
+        }
+    }
+    out
+}
+
+impl Tile for TileQ4_1 {
+    type Block = BlockQ4_1;
+
+    fn pack(rows: [&BlockQ4_1; TILE_ROWS]) -> Self {
+        let mut t = TileQ4_1 {
+            d: rows.map(|b| b.d),
+            m: rows.map(|b| b.m),
+            qs: [0; 16 * TILE_ROWS],
+        };
+        for p in 0..4 {
+            for (r, b) in rows.iter().enumerate() {
+                t.qs[p * 32 + r * 4..p * 32 + r * 4 + 4].copy_from_slice(&b.qs[4 * p..4 * p + 4]);
+            }
+        }
+        t
+    }
+
+    fn value(&self, r: usize, k: usize) -> f32 {
+        let byte = self.qs[((k % 16) / 4) * 32 + r * 4 + k % 4];
+        let q = if k < 16 { byte & 0x0f } else { byte >> 4 };
+        q as f32 * self.d[r].to_f32() + self.m[r].to_f32()
+    }
+
+    #[inline]
+    fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+        // SAFETY: the features are enabled at compile time; `matmul` passes activation rows
+        // of `tiles.len()` blocks.
+        unsafe {
+            avx2::q4_1(tiles, acts)
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+        portable::q4_1(tiles, acts)
+    }
+}
+
+impl Tile for TileQ8_0 {
+    type Block = BlockQ8_0;
+
+    fn pack(rows: [&BlockQ8_0; TILE_ROWS]) -> Self {
+        let mut t = TileQ8_0 {
+            d: rows.map(|b| b.d),
+            qs: [0; QK * TILE_ROWS],
+        };
+        for g in 0..8 {
+            for (r, b) in rows.iter().enumerate() {
+                t.qs[g * 32 + r * 4..g * 32 + r * 4 + 4].copy_from_slice(&b.qs[4 * g..4 * g + 4]);
+            }
+        }
+        t
+    }
+
+    fn value(&self, r: usize, k: usize) -> f32 {
+        self.qs[(k / 4) * 32 + r * 4 + k % 4] as f32 * self.d[r].to_f32()
+    }
+
+    #[inline]
+    fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+        // SAFETY: as for `TileQ4_1::dot`.
+        unsafe {
+            avx2::q8_0(tiles, acts)
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+        portable::q8_0(tiles, acts)
+    }
+}
+
+/// Scalar kernels computing the same sums (for CPUs without AVX2).
+#[cfg_attr(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"), allow(dead_code))]
+mod portable {
+    use super::*;
+
+    pub fn q4_1<const R: usize>(tiles: &[TileQ4_1], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+        std::array::from_fn(|i| {
+            let a = &acts[i];
+            std::array::from_fn(|r| {
+                let mut acc = 0f32;
+                for (b, t) in tiles.iter().enumerate() {
+                    let mut isum = 0i32;
+                    for p in 0..4 {
+                        for j in 0..4 {
+                            let byte = t.qs[p * 32 + r * 4 + j];
+                            isum += (byte & 0x0f) as i32 * a.qs[b * QK + 4 * p + j] as i32;
+                            isum += (byte >> 4) as i32 * a.qs[b * QK + 16 + 4 * p + j] as i32;
+                        }
+                    }
+                    acc = (t.d[r].to_f32() * a.d[b]).mul_add(isum as f32, acc);
+                    acc = t.m[r].to_f32().mul_add(a.s[b], acc);
+                }
+                acc
+            })
+        })
+    }
+
+    pub fn q8_0<const R: usize>(tiles: &[TileQ8_0], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+        std::array::from_fn(|i| {
+            let a = &acts[i];
+            std::array::from_fn(|r| {
+                let mut acc = 0f32;
+                for (b, t) in tiles.iter().enumerate() {
+                    let mut isum = 0i32;
+                    for k in 0..QK {
+                        isum += t.qs[(k / 4) * 32 + r * 4 + k % 4] as i32 * a.qs[b * QK + k] as i32;
+                    }
+                    acc = (t.d[r].to_f32() * a.d[b]).mul_add(isum as f32, acc);
+                }
+                acc
+            })
+        })
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    /// Activation bytes `at..at+4` broadcast to every 32-bit lane.
+    #[inline(always)]
+    unsafe fn group(a: *const i8, at: usize) -> __m256i {
+        // SAFETY: callers pass `at + 4 <= 32` within a block of the activation row.
+        unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(a.add(at).cast::<i32>())) }
+    }
+
+    #[inline(always)]
+    unsafe fn to_array(v: __m256) -> [f32; TILE_ROWS] {
+        // SAFETY: `__m256` and `[f32; 8]` have the same size.
+        unsafe { std::mem::transmute(v) }
+    }
+
+    #[inline(always)]
+    pub unsafe fn q4_1<const R: usize>(tiles: &[TileQ4_1], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+        unsafe {
+            for a in acts {
+                debug_assert!(a.qs.len() >= tiles.len() * QK && a.d.len() >= tiles.len());
+            }
+            let low = _mm256_set1_epi8(0x0f);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for (b, t) in tiles.iter().enumerate() {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(t.d.as_ptr().cast()));
+                let m = _mm256_cvtph_ps(_mm_loadu_si128(t.m.as_ptr().cast()));
+                // Sums of up to 8 maddubs pairs stay within i16: 8 * 2 * 15 * 127 = 30480.
+                let mut sum16 = [_mm256_setzero_si256(); R];
+                for p in 0..4 {
+                    let raw = _mm256_loadu_si256(t.qs.as_ptr().add(32 * p).cast());
+                    let lo = _mm256_and_si256(raw, low);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                    for r in 0..R {
+                        let a = acts[r].qs.as_ptr().add(b * QK);
+                        let s = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, group(a, 4 * p)),
+                            _mm256_maddubs_epi16(hi, group(a, 16 + 4 * p)),
+                        );
+                        sum16[r] = _mm256_add_epi16(sum16[r], s);
+                    }
+                }
+                for r in 0..R {
+                    let isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[r], ones));
+                    let dd = _mm256_mul_ps(d, _mm256_set1_ps(*acts[r].d.get_unchecked(b)));
+                    acc[r] = _mm256_fmadd_ps(dd, isum, acc[r]);
+                    acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(*acts[r].s.get_unchecked(b)), acc[r]);
+                }
+            }
+            acc.map(|v| to_array(v))
+        }
+    }
+
+    #[inline(always)]
+    pub unsafe fn q8_0<const R: usize>(tiles: &[TileQ8_0], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+        unsafe {
+            for a in acts {
+                debug_assert!(a.qs.len() >= tiles.len() * QK && a.d.len() >= tiles.len());
+            }
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for (b, t) in tiles.iter().enumerate() {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(t.d.as_ptr().cast()));
+                let mut isum = [_mm256_setzero_si256(); R];
+                for g in 0..8 {
+                    let w = _mm256_loadu_si256(t.qs.as_ptr().add(32 * g).cast());
+                    // maddubs needs an unsigned left operand: |w|, with w's sign moved onto a.
+                    let aw = _mm256_sign_epi8(w, w);
+                    for r in 0..R {
+                        let a = group(acts[r].qs.as_ptr().add(b * QK), 4 * g);
+                        let prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w));
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(prod, ones));
+                    }
+                }
+                for r in 0..R {
+                    let dd = _mm256_mul_ps(d, _mm256_set1_ps(*acts[r].d.get_unchecked(b)));
+                    acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum[r]), acc[r]);
+                }
+            }
+            acc.map(|v| to_array(v))
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Test fixtures shared by Osprey's crates (a dev-dependency only).
+//!
+//! - [`default_model`]: the real default model, fetched once per machine through the same code
+//!   as `osprey models fetch` (so a fresh clone's `cargo test` needs no manual step);
+//! - [`golden`]: llama.cpp's reference outputs for that model (`data/golden/`), or another file
+//!   of the same shape named by `OSPREY_GOLDEN` (held-out checks run the same tests on it);
+//! - [`shared_engine`]: one engine per test process over the default model.
+#![deny(missing_docs)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use osprey_engine::{Engine, EngineConfig};
+use serde::Deserialize;
+
+/// Path of the default model, fetching it on first use.
+pub fn default_model() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let home = osprey_models::osprey_home();
+        osprey_models::fetch(&osprey_models::DEFAULT_MODEL, &home, &mut |_| {})
+            .unwrap_or_else(|e| panic!("fetching the default model for tests: {e}"))
+    })
+    .clone()
+}
+
+/// An engine over the default model, shared by the tests of one process.
+pub fn shared_engine() -> Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let config = EngineConfig {
+                kv_cache_bytes: 256 << 20,
+                ..EngineConfig::default()
+            };
+            Engine::load(&default_model(), config).expect("loading the default model")
+        })
+        .clone()
+}
+
+/// llama.cpp's outputs on the default model (see `data/golden/README.md`).
+#[derive(Debug, Deserialize)]
+pub struct Golden {
+    /// Text → ids.
+    pub tokenizer: Vec<TokenizerCase>,
+    /// Chat template renders.
+    pub chat_template_renders: Vec<TemplateCase>,
+    /// Teacher-forced next-token predictions.
+    pub teacher_forced: Vec<TeacherForcedCase>,
+    /// Greedy continuations.
+    pub greedy: Vec<GreedyCase>,
+    /// Perplexity of one long text.
+    pub perplexity: PerplexityCase,
+}
+
+/// A tokenization.
+#[derive(Debug, Deserialize)]
+pub struct TokenizerCase {
+    /// Input.
+    pub text: String,
+    /// Expected ids (no BOS).
+    pub ids: Vec<u32>,
+}
+
+/// A chat template render.
+#[derive(Debug, Deserialize)]
+pub struct TemplateCase {
+    /// Conversation.
+    pub messages: Vec<osprey_core::api::ChatMessage>,
+    /// Expected text, with the generation prompt.
+    pub rendered: String,
+}
+
+/// Teacher-forced logits summary for one text.
+#[derive(Debug, Deserialize)]
+pub struct TeacherForcedCase {
+    /// The text's ids.
+    pub ids: Vec<u32>,
+    /// Argmax after `ids[..=i]`.
+    pub top1: Vec<u32>,
+    /// `log p(ids[i+1] | ids[..=i])`.
+    pub next_logprob: Vec<f64>,
+    /// Five best `(id, logprob)` after `ids[..=i]`.
+    pub top5: Vec<Vec<(u32, f64)>>,
+}
+
+/// A greedy continuation.
+#[derive(Debug, Deserialize)]
+pub struct GreedyCase {
+    /// `raw` or `chat`.
+    pub kind: String,
+    /// Prompt ids (rendered and tokenized for chat).
+    pub prompt_ids: Vec<u32>,
+    /// llama.cpp's greedy continuation.
+    pub greedy_ids: Vec<u32>,
+    /// The raw prompt text (raw cases).
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// The conversation (chat cases).
+    #[serde(default)]
+    pub messages: Option<Vec<osprey_core::api::ChatMessage>>,
+}
+
+/// The perplexity text.
+#[derive(Debug, Deserialize)]
+pub struct PerplexityCase {
+    /// The text.
+    pub text: String,
+    /// Its ids.
+    pub ids: Vec<u32>,
+    /// llama.cpp's perplexity over positions 1..n.
+    pub perplexity: f64,
+}
+
+/// The golden file: `$OSPREY_GOLDEN` if set, else the bundled one.
+pub fn golden() -> &'static Golden {
+    static GOLDEN: OnceLock<Golden> = OnceLock::new();
+    GOLDEN.get_or_init(|| {
+        let path = std::env::var_os("OSPREY_GOLDEN").map_or_else(
+            || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/golden/smollm2-135m-q4_1.json"),
+            PathBuf::from,
+        );
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+    })
+}
