@@ -58,7 +58,9 @@ impl Error {
     pub fn model_not_found(model: &str) -> Self {
         Self::new(
             ErrorKind::NotFound,
-            format!("The model `{model}` does not exist. GET /v1/models lists the models served here."),
+            format!(
+                "The model `{model}` does not exist. GET /v1/models lists the models served here."
+            ),
         )
         .with_param("model")
         .with_code("model_not_found")

@@ -8,7 +8,7 @@
 //!
 //! ```
 //! use osprey_core::api::ChatCompletionRequest;
-//! let req: ChatCompletionRequest = osprey_core::api::parse_json(
+//! let req: ChatCompletionRequest = osprey_core::api::parse_request(
 //!     br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0}"#,
 //! ).unwrap();
 //! let params = req.sampling_params().unwrap();

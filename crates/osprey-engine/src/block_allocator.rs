@@ -62,7 +62,9 @@ impl BlockTable {
     /// Grows the table to hold `tokens` positions. Returns `false`, taking nothing, if the
     /// pool has too few free blocks.
     pub fn reserve(&mut self, tokens: usize) -> bool {
-        let needed = tokens.div_ceil(BLOCK_SIZE).saturating_sub(self.blocks.len());
+        let needed = tokens
+            .div_ceil(BLOCK_SIZE)
+            .saturating_sub(self.blocks.len());
         let mut alloc = self.allocator.borrow_mut();
         if alloc.free.len() < needed {
             return false;
@@ -74,12 +76,17 @@ impl BlockTable {
 
     /// Free blocks a reservation of `tokens` positions would take.
     pub fn blocks_needed(&self, tokens: usize) -> usize {
-        tokens.div_ceil(BLOCK_SIZE).saturating_sub(self.blocks.len())
+        tokens
+            .div_ceil(BLOCK_SIZE)
+            .saturating_sub(self.blocks.len())
     }
 
     /// Returns every block to the pool.
     pub fn release(&mut self) {
-        self.allocator.borrow_mut().free.extend(self.blocks.drain(..).rev());
+        self.allocator
+            .borrow_mut()
+            .free
+            .extend(self.blocks.drain(..).rev());
     }
 }
 
@@ -103,7 +110,11 @@ mod tests {
         assert_eq!(alloc.borrow().num_free(), 2);
         let mut b = BlockTable::new(alloc.clone());
         assert!(!b.reserve(3 * BLOCK_SIZE), "only two left");
-        assert_eq!(alloc.borrow().num_free(), 2, "a failed reservation takes nothing");
+        assert_eq!(
+            alloc.borrow().num_free(),
+            2,
+            "a failed reservation takes nothing"
+        );
         drop(a);
         assert_eq!(alloc.borrow().num_free(), 4);
         assert!(b.reserve(4 * BLOCK_SIZE));

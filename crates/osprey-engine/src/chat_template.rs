@@ -40,13 +40,17 @@ impl ChatTemplate {
             .build()
             .map_err(|e| e.to_string())?;
         env.set_syntax(syntax);
-        env.add_function("raise_exception", |msg: String| -> Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_function("strftime_now", |fmt: String| -> String {
             format_utc_now(&fmt)
         });
-        env.add_template_owned("chat", source.unwrap_or(CHATML).to_owned()).map_err(|e| format!("invalid chat template: {e}"))?;
+        env.add_template_owned("chat", source.unwrap_or(CHATML).to_owned())
+            .map_err(|e| format!("invalid chat template: {e}"))?;
         Ok(Self {
             env,
             bos_token,
@@ -56,8 +60,15 @@ impl ChatTemplate {
 
     /// Renders the conversation, ending with the assistant's turn opener when
     /// `add_generation_prompt`.
-    pub fn render(&self, messages: &[TemplateMessage], add_generation_prompt: bool) -> Result<String, Error> {
-        let tmpl = self.env.get_template("chat").map_err(|e| Error::internal(e.to_string()))?;
+    pub fn render(
+        &self,
+        messages: &[TemplateMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, Error> {
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| Error::internal(e.to_string()))?;
         tmpl.render(context! {
             messages => Value::from(minijinja::value::Serde(messages)),
             add_generation_prompt => add_generation_prompt,
@@ -67,7 +78,17 @@ impl ChatTemplate {
         .map_err(|e| {
             // `raise_exception` is how templates reject a conversation (e.g. roles out of order).
             let detail = e.detail().unwrap_or("").to_owned();
-            Error::invalid("messages", format!("the model's chat template rejected the conversation: {detail}{}", if detail.is_empty() { e.to_string() } else { String::new() }))
+            Error::invalid(
+                "messages",
+                format!(
+                    "the model's chat template rejected the conversation: {detail}{}",
+                    if detail.is_empty() {
+                        e.to_string()
+                    } else {
+                        String::new()
+                    }
+                ),
+            )
         })
     }
 }
@@ -88,7 +109,20 @@ fn format_utc_now(fmt: &str) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
     let name = MONTHS[(month - 1) as usize];
     fmt.replace("%Y", &year.to_string())
         .replace("%m", &format!("{month:02}"))
@@ -112,7 +146,10 @@ mod tests {
     fn chatml_fallback_renders_turns() {
         let t = ChatTemplate::new(None, String::new(), String::new()).unwrap();
         let out = t.render(&[msg("user", "hi")], true).unwrap();
-        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]
@@ -121,7 +158,11 @@ mod tests {
         let t = ChatTemplate::new(Some(src), String::new(), String::new()).unwrap();
         assert_eq!(t.render(&[msg("user", "  hi ")], false).unwrap(), "HI");
         let err = t.render(&[msg("system", "x")], false).unwrap_err();
-        assert!(err.message.contains("first must be user"), "{}", err.message);
+        assert!(
+            err.message.contains("first must be user"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

@@ -79,7 +79,12 @@ impl StopMatcher {
             return StopOutcome::Continue(text.to_owned());
         }
         self.held.push_str(text);
-        if let Some(pos) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(pos) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             let before = self.held[..pos].to_owned();
             self.held.clear();
             return StopOutcome::Stopped(before);

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -65,8 +66,42 @@ enum Command {
     Add(Box<ValidRequest>, crate::request::EventSender),
 }
 
+/// Live counters of the engine, updated after every step.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    running: AtomicUsize,
+    waiting: AtomicUsize,
+    free_blocks: AtomicUsize,
+    total_blocks: AtomicUsize,
+    steps: AtomicUsize,
+}
+
+impl EngineStats {
+    /// Sequences in the running batch.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+    /// Sequences waiting for admission.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+    /// KV blocks not held by any sequence.
+    pub fn free_blocks(&self) -> usize {
+        self.free_blocks.load(Ordering::Relaxed)
+    }
+    /// KV blocks in the pool.
+    pub fn total_blocks(&self) -> usize {
+        self.total_blocks.load(Ordering::Relaxed)
+    }
+    /// Forward passes run so far.
+    pub fn steps(&self) -> usize {
+        self.steps.load(Ordering::Relaxed)
+    }
+}
+
 struct Shared {
     commands: mpsc::Sender<Command>,
+    stats: Arc<EngineStats>,
     tokenizer: Tokenizer,
     template: ChatTemplate,
     info: ModelInfo,
@@ -84,16 +119,26 @@ impl Engine {
         let gguf = GgufFile::open(path)?;
         let model = LlamaModel::load(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
+        let token_text = |id: Option<u32>| {
+            id.and_then(|i| tokenizer.id_to_token(i))
+                .unwrap_or_default()
+        };
         let source = gguf.str("tokenizer.chat_template").ok();
-        let template = ChatTemplate::new(source, token_text(tokenizer.bos()), token_text(tokenizer.eos()))
-            .or_else(|e| {
-                tracing::warn!(error = %e, "the model's chat template does not compile; using ChatML");
-                ChatTemplate::new(None, String::new(), String::new())
-            })
-            .map_err(ModelError::Tokenizer)?;
+        let template = ChatTemplate::new(
+            source,
+            token_text(tokenizer.bos()),
+            token_text(tokenizer.eos()),
+        )
+        .or_else(|e| {
+            tracing::warn!(error = %e, "the model's chat template does not compile; using ChatML");
+            ChatTemplate::new(None, String::new(), String::new())
+        })
+        .map_err(ModelError::Tokenizer)?;
         let mc = model.config().clone();
-        let max_model_len = config.max_model_len.unwrap_or(mc.context_length).min(mc.context_length);
+        let max_model_len = config
+            .max_model_len
+            .unwrap_or(mc.context_length)
+            .min(mc.context_length);
         let blocks = KvCache::blocks_for_bytes(&mc, config.kv_cache_bytes).max(1);
         let info = ModelInfo {
             name: mc.name.clone(),
@@ -113,6 +158,10 @@ impl Engine {
             .build()
             .map_err(|e| ModelError::Tokenizer(format!("thread pool: {e}")))?;
         let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(EngineStats::default());
+        stats.free_blocks.store(blocks, Ordering::Relaxed);
+        stats.total_blocks.store(blocks, Ordering::Relaxed);
+        let loop_stats = stats.clone();
         let end_tokens = tokenizer.end_of_generation().to_vec();
         let kv = KvCache::new(&mc, blocks);
         let sched = SchedulerConfig {
@@ -133,6 +182,7 @@ impl Engine {
                     end_tokens,
                     max_model_len,
                     next_id: 0,
+                    stats: loop_stats,
                 };
                 engine_loop.run(rx)
             })
@@ -147,6 +197,7 @@ impl Engine {
         Ok(Self {
             shared: Arc::new(Shared {
                 commands: tx,
+                stats,
                 tokenizer,
                 template,
                 info,
@@ -157,6 +208,11 @@ impl Engine {
     /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.shared.tokenizer
+    }
+
+    /// Live counters.
+    pub fn stats(&self) -> &EngineStats {
+        &self.shared.stats
     }
 
     /// Facts about the model.
@@ -170,7 +226,7 @@ impl Engine {
     }
 
     /// Checks a tokenized prompt and its options against the model and caps `max_tokens` to
-    /// the context window.
+    /// the context window. Errors about the prompt name the field `prompt`.
     pub fn validate(
         &self,
         prompt: Vec<u32>,
@@ -179,16 +235,28 @@ impl Engine {
         seed: u64,
     ) -> Result<ValidRequest, Error> {
         let info = &self.shared.info;
-        let param = if prompt_logprobs { "prompt" } else { "messages" };
+        let param = "prompt";
         if prompt.is_empty() {
             return Err(Error::invalid(param, "the prompt is empty"));
         }
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
-            return Err(Error::invalid("prompt", format!("token id {bad} is outside the vocabulary (size {})", info.vocab_size)));
+            return Err(Error::invalid(
+                "prompt",
+                format!(
+                    "token id {bad} is outside the vocabulary (size {})",
+                    info.vocab_size
+                ),
+            ));
         }
         for &(id, _) in &params.logit_bias {
             if id as usize >= info.vocab_size {
-                return Err(Error::invalid("logit_bias", format!("token id {id} is outside the vocabulary (size {})", info.vocab_size)));
+                return Err(Error::invalid(
+                    "logit_bias",
+                    format!(
+                        "token id {id} is outside the vocabulary (size {})",
+                        info.vocab_size
+                    ),
+                ));
             }
         }
         let ctx = info.max_model_len.min(info.kv_capacity_tokens);
@@ -203,6 +271,12 @@ impl Engine {
             .with_code("context_length_exceeded"));
         }
         let room = ctx - prompt.len();
+        if params.max_tokens == 0 && !prompt_logprobs {
+            return Err(Error::invalid(
+                "max_tokens",
+                "max_tokens must be at least 1 (0 is only allowed to score the prompt, with echo and logprobs)",
+            ));
+        }
         if params.max_tokens == usize::MAX {
             params.max_tokens = room;
         } else if params.max_tokens > room {
@@ -247,6 +321,7 @@ struct EngineLoop {
     end_tokens: Vec<u32>,
     max_model_len: usize,
     next_id: u64,
+    stats: Arc<EngineStats>,
 }
 
 impl EngineLoop {
@@ -262,20 +337,32 @@ impl EngineLoop {
                 self.accept(cmd);
             }
             self.scheduler.remove_cancelled();
+            self.publish_stats();
             // A panic here is a bug; fail the step's sequences rather than the whole server.
             let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step()));
             if step.is_err() {
                 tracing::error!("engine step panicked; failing its sequences");
                 for seq in self.scheduler.take_running(|_| true) {
-                    seq.send(SeqEvent::Failed(Error::internal("the engine failed while computing this request")));
+                    seq.send(SeqEvent::Failed(Error::internal(
+                        "the engine failed while computing this request",
+                    )));
                 }
             }
         }
     }
 
     fn accept(&mut self, Command::Add(req, events): Command) {
-        let ValidRequest { prompt, params, prompt_logprobs, seed } = *req;
-        let end_tokens = if params.ignore_eos { Vec::new() } else { self.end_tokens.clone() };
+        let ValidRequest {
+            prompt,
+            params,
+            prompt_logprobs,
+            seed,
+        } = *req;
+        let end_tokens = if params.ignore_eos {
+            Vec::new()
+        } else {
+            self.end_tokens.clone()
+        };
         let mut enders = end_tokens.clone();
         enders.extend(&params.stop_token_ids);
         self.next_id += 1;
@@ -327,7 +414,10 @@ impl EngineLoop {
             });
         }
         let (model, kv, scratch) = (&self.model, &mut self.kv, &mut self.scratch);
-        let batch = ForwardBatch { tokens: &tokens, seqs: &seqs };
+        let batch = ForwardBatch {
+            tokens: &tokens,
+            seqs: &seqs,
+        };
         let logits = self.pool.install(|| model.forward(&batch, kv, scratch));
         metrics::histogram!(osprey_core::metrics::BATCH_TOKENS).record(tokens.len() as f64);
         metrics::histogram!(osprey_core::metrics::BATCH_SEQUENCES).record(seqs.len() as f64);
@@ -339,7 +429,9 @@ impl EngineLoop {
         let mut work = Vec::with_capacity(plan.scheduled.len());
         let mut next = plan.scheduled.iter().zip(&kinds).peekable();
         for (index, seq) in self.scheduler.running_mut().iter_mut().enumerate() {
-            let Some(&(s, &kind)) = next.peek() else { break };
+            let Some(&(s, &kind)) = next.peek() else {
+                break;
+            };
             if s.index != index {
                 continue;
             }
@@ -358,15 +450,17 @@ impl EngineLoop {
                 .collect();
             let top = seq.sampler.params().logprobs.unwrap_or(0);
             let completes = seq.num_computed + s.n_tokens == seq.tokens.len();
+            let samples = completes && seq.sampler.params().max_tokens > 0;
             work.push(StepWork {
                 rows,
                 targets,
                 top,
-                sampler: completes.then_some(&mut seq.sampler),
+                sampler: samples.then_some(&mut seq.sampler),
             });
         }
-        let results: Vec<StepResult> =
-            self.pool.install(|| work.into_par_iter().map(|w| w.run(vocab)).collect());
+        let results: Vec<StepResult> = self
+            .pool
+            .install(|| work.into_par_iter().map(|w| w.run(vocab)).collect());
 
         // Apply results in order: advance, report, and end sequences that are done.
         let running = self.scheduler.running_mut();
@@ -377,6 +471,10 @@ impl EngineLoop {
             if !result.prompt_logprobs.is_empty() {
                 seq.prompt_logprobs_sent = Some(reported.end);
                 seq.send(SeqEvent::PromptLogprobs(result.prompt_logprobs));
+            }
+            if seq.num_computed == seq.tokens.len() && seq.sampler.params().max_tokens == 0 {
+                // Scoring only: the prompt is done and nothing is to be generated.
+                seq.finish = Some(FinishReason::Length);
             }
             if let Some(sampled) = result.sampled {
                 let id = sampled.id;
@@ -391,9 +489,18 @@ impl EngineLoop {
         for seq in self.scheduler.take_running(|s| s.finish.is_some()) {
             seq.send(SeqEvent::Finished(seq.finish.unwrap_or(FinishReason::Stop)));
         }
-        metrics::gauge!(osprey_core::metrics::RUNNING_SEQUENCES).set(self.scheduler.running().len() as f64);
-        metrics::gauge!(osprey_core::metrics::WAITING_SEQUENCES).set(self.scheduler.num_waiting() as f64);
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        self.publish_stats();
+    }
+
+    fn publish_stats(&self) {
+        let (running, waiting) = (self.scheduler.running().len(), self.scheduler.num_waiting());
         let free = self.allocator.borrow().num_free();
+        self.stats.running.store(running, Ordering::Relaxed);
+        self.stats.waiting.store(waiting, Ordering::Relaxed);
+        self.stats.free_blocks.store(free, Ordering::Relaxed);
+        metrics::gauge!(osprey_core::metrics::RUNNING_SEQUENCES).set(running as f64);
+        metrics::gauge!(osprey_core::metrics::WAITING_SEQUENCES).set(waiting as f64);
         metrics::gauge!(osprey_core::metrics::KV_BLOCKS_FREE).set(free as f64);
     }
 }

@@ -36,7 +36,7 @@ pub mod sequence;
 pub mod tokenizer;
 
 pub use chat_template::{ChatTemplate, TemplateMessage};
-pub use engine::{Engine, EngineConfig, ModelInfo};
+pub use engine::{Engine, EngineConfig, EngineStats, ModelInfo};
 pub use output::{Delta, Generation};
 pub use request::{SeqEvent, ValidRequest};
 pub use sampler::{Sampled, TokenLogprob};

@@ -68,7 +68,9 @@ impl Generation {
             },
             SeqEvent::Token(sampled) => {
                 self.generated += 1;
-                let text = self.decoder.push(self.engine.tokenizer().token_bytes(sampled.id));
+                let text = self
+                    .decoder
+                    .push(self.engine.tokenizer().token_bytes(sampled.id));
                 let (text, finish) = match self.stops.push(&text) {
                     StopOutcome::Continue(t) => (t, None),
                     StopOutcome::Stopped(t) => {

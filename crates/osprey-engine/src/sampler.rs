@@ -112,7 +112,11 @@ impl Sampler {
         if p.repetition_penalty != 1.0 {
             for &id in &self.seen {
                 if let Some(l) = logits.get_mut(id as usize) {
-                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
                 }
             }
         }
@@ -130,14 +134,22 @@ impl Sampler {
         let inv_t = 1.0 / p.temperature;
         // Candidates, best first when any truncation needs an order.
         let mut cand: Vec<(u32, f32)> = if p.top_k > 0 {
-            let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            let mut all: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
             let k = p.top_k.min(all.len());
             all.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
             all.truncate(k);
             all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             all
         } else {
-            logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect()
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect()
         };
         let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
         if max == f32::NEG_INFINITY {
@@ -214,7 +226,10 @@ pub fn log_sum_exp(x: &[f32]) -> f32 {
     if max == f32::NEG_INFINITY {
         return max;
     }
-    let sum: f32 = x.iter().map(|&v| osprey_models::kernels::ops::exp(v - max)).sum();
+    let sum: f32 = x
+        .iter()
+        .map(|&v| osprey_models::kernels::ops::exp(v - max))
+        .sum();
     max + sum.ln()
 }
 
@@ -225,10 +240,18 @@ pub fn top_n(logits: &[f32], n: usize, lse: f32) -> Vec<(u32, f32)> {
     }
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let n = n.min(idx.len());
-    idx.select_nth_unstable_by(n - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+    idx.select_nth_unstable_by(n - 1, |&a, &b| {
+        logits[b as usize].total_cmp(&logits[a as usize])
+    });
     idx.truncate(n);
-    idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-    idx.into_iter().map(|i| (i, logits[i as usize] - lse)).collect()
+    idx.sort_by(|&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then(a.cmp(&b))
+    });
+    idx.into_iter()
+        .map(|i| (i, logits[i as usize] - lse))
+        .collect()
 }
 
 #[cfg(test)]
@@ -248,7 +271,7 @@ mod tests {
             p.logprobs = Some(2);
         });
         let mut s = Sampler::new(p, 0, &[], vec![]);
-        let out = s.sample(&mut vec![0.0, 3.0, 1.0]);
+        let out = s.sample(&mut [0.0, 3.0, 1.0]);
         assert_eq!(out.id, 1);
         let lp = out.logprob.unwrap();
         let expect = 3.0 - (1f32 + 3f32.exp() + 1f32.exp()).ln();
@@ -261,7 +284,9 @@ mod tests {
         let logits: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 / 20.0).collect();
         let run = |seed| {
             let mut s = Sampler::new(SamplingParams::default(), seed, &[], vec![]);
-            (0..50).map(|_| s.sample(&mut logits.clone()).id).collect::<Vec<_>>()
+            (0..50)
+                .map(|_| s.sample(&mut logits.clone()).id)
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
@@ -270,12 +295,28 @@ mod tests {
     #[test]
     fn top_k_one_and_bias_and_min_tokens() {
         let mut s = Sampler::new(params(|p| p.top_k = 1), 1, &[], vec![]);
-        assert_eq!(s.sample(&mut vec![0.0, 5.0, 1.0]).id, 1);
-        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.logit_bias = vec![(2, 10.0)]; }), 1, &[], vec![]);
-        assert_eq!(s.sample(&mut vec![0.0, 5.0, 1.0]).id, 2);
-        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.min_tokens = 1; }), 1, &[], vec![1]);
-        assert_eq!(s.sample(&mut vec![0.0, 5.0, 1.0]).id, 2, "EOS held back");
-        assert_eq!(s.sample(&mut vec![0.0, 5.0, 1.0]).id, 1, "then allowed");
+        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0]).id, 1);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.logit_bias = vec![(2, 10.0)];
+            }),
+            1,
+            &[],
+            vec![],
+        );
+        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0]).id, 2);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.min_tokens = 1;
+            }),
+            1,
+            &[],
+            vec![1],
+        );
+        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0]).id, 2, "EOS held back");
+        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0]).id, 1, "then allowed");
     }
 
     #[test]
@@ -283,16 +324,36 @@ mod tests {
         // Token 0 carries ~88% of the mass: top_p 0.5 must always pick it.
         let mut s = Sampler::new(params(|p| p.top_p = 0.5), 3, &[], vec![]);
         for _ in 0..100 {
-            assert_eq!(s.sample(&mut vec![4.0, 1.0, 1.0, 0.0]).id, 0);
+            assert_eq!(s.sample(&mut [4.0, 1.0, 1.0, 0.0]).id, 0);
         }
     }
 
     #[test]
     fn penalties_push_repeats_down() {
-        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.frequency_penalty = 2.0; }), 0, &[], vec![]);
-        assert_eq!(s.sample(&mut vec![1.0, 0.5]).id, 0);
-        assert_eq!(s.sample(&mut vec![1.0, 0.5]).id, 1, "token 0 penalised after use");
-        let mut s = Sampler::new(params(|p| { p.temperature = 0.0; p.repetition_penalty = 4.0; }), 0, &[0], vec![]);
-        assert_eq!(s.sample(&mut vec![1.0, 0.5]).id, 1, "prompt token penalised");
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.frequency_penalty = 2.0;
+            }),
+            0,
+            &[],
+            vec![],
+        );
+        assert_eq!(s.sample(&mut [1.0, 0.5]).id, 0);
+        assert_eq!(
+            s.sample(&mut [1.0, 0.5]).id,
+            1,
+            "token 0 penalised after use"
+        );
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.repetition_penalty = 4.0;
+            }),
+            0,
+            &[0],
+            vec![],
+        );
+        assert_eq!(s.sample(&mut [1.0, 0.5]).id, 1, "prompt token penalised");
     }
 }

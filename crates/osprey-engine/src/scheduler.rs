@@ -92,7 +92,9 @@ impl Scheduler {
 
     /// Removes and returns the running sequences for which `done` is true.
     pub fn take_running(&mut self, mut done: impl FnMut(&Sequence) -> bool) -> Vec<Sequence> {
-        let (finished, kept) = std::mem::take(&mut self.running).into_iter().partition(|s| done(s));
+        let (finished, kept) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|s| done(s));
         self.running = kept;
         finished
     }
@@ -122,14 +124,19 @@ impl Scheduler {
                 out.ended.push((seq, FinishReason::Length));
                 continue;
             }
-            out.scheduled.push(ScheduledSeq { index: i, n_tokens: n });
+            out.scheduled.push(ScheduledSeq {
+                index: i,
+                n_tokens: n,
+            });
             budget -= n;
             i += 1;
         }
 
         // Then admit waiting sequences in arrival order.
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(seq) = self.waiting.front_mut() else { break };
+            let Some(seq) = self.waiting.front_mut() else {
+                break;
+            };
             let n = seq.uncomputed().min(budget);
             if !seq.block_table.reserve(seq.num_computed + n) {
                 if self.running.is_empty() && out.scheduled.is_empty() {
@@ -154,7 +161,11 @@ impl Scheduler {
 
 /// Frees a sequence's KV so it can be recomputed from its tokens later.
 fn preempt(seq: &mut Sequence) {
-    tracing::debug!(seq = seq.id, tokens = seq.tokens.len(), "preempted: out of KV blocks");
+    tracing::debug!(
+        seq = seq.id,
+        tokens = seq.tokens.len(),
+        "preempted: out of KV blocks"
+    );
     seq.block_table.release();
     seq.num_computed = 0;
 }

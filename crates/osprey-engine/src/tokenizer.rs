@@ -67,17 +67,26 @@ impl Tokenizer {
             .opt_array("tokenizer.ggml.tokens")?
             .ok_or_else(|| err("no tokenizer.ggml.tokens".into()))?
             .iter()
-            .map(|v| v.to_string().map(Clone::clone))
+            .map(|v| v.to_string().cloned())
             .collect::<Result<_, _>>()
             .map_err(|e| err(format!("tokens: {e}")))?;
         let types: Vec<i64> = match gguf.opt_array("tokenizer.ggml.token_type")? {
-            Some(a) => a.iter().map(|v| v.to_i32().map(i64::from).unwrap_or(1)).collect(),
+            Some(a) => a
+                .iter()
+                .map(|v| v.to_i32().map(i64::from).unwrap_or(1))
+                .collect(),
             None => vec![1; tokens.len()],
         };
-        let vocab: HashMap<String, u32> =
-            tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let vocab: HashMap<String, u32> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
         let id = |key: &str| -> Result<Option<u32>, ModelError> {
-            Ok(gguf.opt_uint(key)?.map(|v| v as u32).filter(|&v| (v as usize) < tokens.len()))
+            Ok(gguf
+                .opt_uint(key)?
+                .map(|v| v as u32)
+                .filter(|&v| (v as usize) < tokens.len()))
         };
         let bos = id("tokenizer.ggml.bos_token_id")?;
         let eos = id("tokenizer.ggml.eos_token_id")?;
@@ -86,21 +95,31 @@ impl Tokenizer {
             "gpt2" => {
                 let merges = merges_from_gguf(gguf)?;
                 let pre = gguf.str("tokenizer.ggml.pre").unwrap_or("default");
-                (gpt2_tokenizer(vocab, merges, pre)?, gpt2_token_bytes(&tokens))
+                (
+                    gpt2_tokenizer(vocab, merges, pre)?,
+                    gpt2_token_bytes(&tokens),
+                )
             }
             "llama" => {
                 let scores: Vec<f32> = match gguf.opt_array("tokenizer.ggml.scores")? {
                     Some(a) => a.iter().map(|v| v.to_f32().unwrap_or(0.0)).collect(),
                     None => vec![0.0; tokens.len()],
                 };
-                let add_space = gguf.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
-                let unk = id("tokenizer.ggml.unknown_token_id")?.map(|i| tokens[i as usize].clone());
+                let add_space = gguf
+                    .opt_bool("tokenizer.ggml.add_space_prefix")?
+                    .unwrap_or(true);
+                let unk =
+                    id("tokenizer.ggml.unknown_token_id")?.map(|i| tokens[i as usize].clone());
                 (
                     spm_tokenizer(&tokens, &scores, &types, vocab, unk, add_space)?,
                     spm_token_bytes(&tokens, &types),
                 )
             }
-            other => return Err(err(format!("unsupported tokenizer model `{other}` (supported: gpt2, llama)"))),
+            other => {
+                return Err(err(format!(
+                    "unsupported tokenizer model `{other}` (supported: gpt2, llama)"
+                )));
+            }
         };
         let control: Vec<bool> = types.iter().map(|&t| t == TYPE_CONTROL).collect();
         let mut bytes = bytes;
@@ -118,7 +137,14 @@ impl Tokenizer {
             .map_err(|e| err(format!("special tokens: {e}")))?;
 
         let mut eog: Vec<u32> = eos.into_iter().collect();
-        for name in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>", "<|end|>"] {
+        for name in [
+            "<|im_end|>",
+            "<|eot_id|>",
+            "<|end_of_text|>",
+            "<|endoftext|>",
+            "<end_of_turn>",
+            "<|end|>",
+        ] {
             if let Some(&i) = inner.get_vocab(true).get(name)
                 && control.get(i as usize) == Some(&true)
                 && !eog.contains(&i)
@@ -137,7 +163,9 @@ impl Tokenizer {
             control,
             bos,
             eos,
-            add_bos: gguf.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(model == "llama"),
+            add_bos: gguf
+                .opt_bool("tokenizer.ggml.add_bos_token")?
+                .unwrap_or(model == "llama"),
             eog,
         })
     }
@@ -215,12 +243,14 @@ impl Tokenizer {
 }
 
 fn merges_from_gguf(gguf: &GgufFile) -> Result<Vec<(String, String)>, ModelError> {
-    let arr = gguf
-        .opt_array("tokenizer.ggml.merges")?
-        .ok_or_else(|| ModelError::Tokenizer("gpt2 tokenizer without tokenizer.ggml.merges".into()))?;
+    let arr = gguf.opt_array("tokenizer.ggml.merges")?.ok_or_else(|| {
+        ModelError::Tokenizer("gpt2 tokenizer without tokenizer.ggml.merges".into())
+    })?;
     arr.iter()
         .map(|v| {
-            let s = v.to_string().map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+            let s = v
+                .to_string()
+                .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
             let (a, b) = s
                 .split_once(' ')
                 .ok_or_else(|| ModelError::Tokenizer(format!("malformed merge `{s}`")))?;
@@ -235,13 +265,22 @@ fn gpt2_tokenizer(
     pre: &str,
 ) -> Result<tokenizers::Tokenizer, ModelError> {
     let bpe = BPE::builder()
-        .vocab_and_merges(vocab.into_iter().collect::<tokenizers::models::bpe::Vocab>(), merges)
+        .vocab_and_merges(
+            vocab
+                .into_iter()
+                .collect::<tokenizers::models::bpe::Vocab>(),
+            merges,
+        )
         .build()
         .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let mut parts: Vec<PreTokenizerWrapper> = Vec::new();
     for re in pre_tokenizer_regexes(pre) {
-        let split = Split::new(SplitPattern::Regex(re.into()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| ModelError::Tokenizer(format!("pre-tokenizer regex: {e}")))?;
+        let split = Split::new(
+            SplitPattern::Regex(re.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| ModelError::Tokenizer(format!("pre-tokenizer regex: {e}")))?;
         parts.push(split.into());
     }
     parts.push(ByteLevel::new(false, false, false).into());
@@ -256,7 +295,8 @@ fn gpt2_token_bytes(tokens: &[String]) -> Vec<Vec<u8>> {
     let mut char_to_byte = HashMap::new();
     let mut n = 0u32;
     for b in 0..=255u8 {
-        let printable = (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        let printable =
+            (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
         let c = if printable {
             char::from(b)
         } else {
@@ -301,15 +341,29 @@ fn spm_tokenizer(
     }
     merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let merges = merges.into_iter().map(|(_, _, l, r)| (l, r)).collect();
-    let mut builder = BPE::builder().vocab_and_merges(vocab.into_iter().collect::<tokenizers::models::bpe::Vocab>(), merges).byte_fallback(true).fuse_unk(true);
+    let mut builder = BPE::builder()
+        .vocab_and_merges(
+            vocab
+                .into_iter()
+                .collect::<tokenizers::models::bpe::Vocab>(),
+            merges,
+        )
+        .byte_fallback(true)
+        .fuse_unk(true);
     if let Some(u) = unk {
         builder = builder.unk_token(u);
     }
-    let bpe = builder.build().map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    let bpe = builder
+        .build()
+        .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
     let replace = Replace::new(" ", "▁").map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let normalizer: NormalizerWrapper = if add_space_prefix {
-        tokenizers::normalizers::Sequence::new(vec![Prepend::new("▁".into()).into(), replace.into()]).into()
+        tokenizers::normalizers::Sequence::new(vec![
+            Prepend::new("▁".into()).into(),
+            replace.into(),
+        ])
+        .into()
     } else {
         replace.into()
     };

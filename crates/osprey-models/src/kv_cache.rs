@@ -32,8 +32,12 @@ impl KvCache {
             n_kv_heads: config.n_kv_heads,
             head_dim: config.head_dim,
             num_blocks,
-            k: (0..config.n_layers).map(|_| vec![f16::ZERO; per_layer]).collect(),
-            v: (0..config.n_layers).map(|_| vec![f16::ZERO; per_layer]).collect(),
+            k: (0..config.n_layers)
+                .map(|_| vec![f16::ZERO; per_layer])
+                .collect(),
+            v: (0..config.n_layers)
+                .map(|_| vec![f16::ZERO; per_layer])
+                .collect(),
         }
     }
 
@@ -54,14 +58,23 @@ impl KvCache {
     /// Stores the keys and values of the token at `pos` (all KV heads, back to back).
     pub fn write(&mut self, layer: usize, table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
         let block = table[pos / BLOCK_SIZE];
-        assert!((block as usize) < self.num_blocks, "block {block} out of range");
+        assert!(
+            (block as usize) < self.num_blocks,
+            "block {block} out of range"
+        );
         let hd = self.head_dim;
         for h in 0..self.n_kv_heads {
             let o = self.offset(block, h, pos % BLOCK_SIZE);
-            for (dst, &src) in self.k[layer][o..o + hd].iter_mut().zip(&k[h * hd..(h + 1) * hd]) {
+            for (dst, &src) in self.k[layer][o..o + hd]
+                .iter_mut()
+                .zip(&k[h * hd..(h + 1) * hd])
+            {
                 *dst = f16::from_f32(src);
             }
-            for (dst, &src) in self.v[layer][o..o + hd].iter_mut().zip(&v[h * hd..(h + 1) * hd]) {
+            for (dst, &src) in self.v[layer][o..o + hd]
+                .iter_mut()
+                .zip(&v[h * hd..(h + 1) * hd])
+            {
                 *dst = f16::from_f32(src);
             }
         }

@@ -54,7 +54,13 @@ impl Projection {
         if views.iter().all(|v| v.dtype == views[0].dtype) {
             let bytes: Vec<u8> = views.iter().flat_map(|v| v.bytes.iter().copied()).collect();
             let total = rows.iter().sum();
-            return Ok(Self::Fused(matrix(&names[0], views[0].dtype, total, cols, &bytes)?));
+            return Ok(Self::Fused(matrix(
+                &names[0],
+                views[0].dtype,
+                total,
+                cols,
+                &bytes,
+            )?));
         }
         let parts = views
             .iter()
@@ -107,7 +113,13 @@ impl LlamaModel {
         let c = &config;
         let (d, hd) = (c.d_model, c.head_dim);
         let embed_view = tensor(gguf, "token_embd.weight", c.vocab_size, d)?;
-        let embed = matrix("token_embd.weight", embed_view.dtype, c.vocab_size, d, embed_view.bytes)?;
+        let embed = matrix(
+            "token_embd.weight",
+            embed_view.dtype,
+            c.vocab_size,
+            d,
+            embed_view.bytes,
+        )?;
         let output = match gguf.tensor("output.weight") {
             Some(_) => {
                 let v = tensor(gguf, "output.weight", c.vocab_size, d)?;
@@ -136,7 +148,13 @@ impl LlamaModel {
                     attn_norm: vector(gguf, &n("attn_norm.weight"), d)?,
                     qkv: Projection::load(gguf, &qkv_names, &qkv_rows, d)?,
                     qkv_bias,
-                    wo: matrix(&n("attn_output.weight"), wo_view.dtype, d, c.n_heads * hd, wo_view.bytes)?,
+                    wo: matrix(
+                        &n("attn_output.weight"),
+                        wo_view.dtype,
+                        d,
+                        c.n_heads * hd,
+                        wo_view.bytes,
+                    )?,
                     ffn_norm: vector(gguf, &n("ffn_norm.weight"), d)?,
                     gate_up: Projection::load(
                         gguf,
@@ -144,7 +162,13 @@ impl LlamaModel {
                         &[c.ffn_dim, c.ffn_dim],
                         d,
                     )?,
-                    down: matrix(&n("ffn_down.weight"), down_view.dtype, d, c.ffn_dim, down_view.bytes)?,
+                    down: matrix(
+                        &n("ffn_down.weight"),
+                        down_view.dtype,
+                        d,
+                        c.ffn_dim,
+                        down_view.bytes,
+                    )?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -193,7 +217,8 @@ impl LlamaModel {
         let (q_dim, kv_dim, qkv_dim) = (c.n_heads * hd, c.n_kv_heads * hd, c.qkv_dim());
         s.x.resize(t * d, 0.0);
         for (i, &tok) in batch.tokens.iter().enumerate() {
-            self.embed.row_to_f32(tok as usize, &mut s.x[i * d..(i + 1) * d]);
+            self.embed
+                .row_to_f32(tok as usize, &mut s.x[i * d..(i + 1) * d]);
         }
 
         let mut attn_seqs = Vec::with_capacity(batch.seqs.len());
@@ -242,7 +267,9 @@ impl LlamaModel {
             add_assign(&mut s.x, &s.tmp);
 
             rms_norm(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.xn);
-            layer.gate_up.matmul(&s.xn, &mut s.gate_up, &mut s.split_tmp);
+            layer
+                .gate_up
+                .matmul(&s.xn, &mut s.gate_up, &mut s.split_tmp);
             swiglu(&s.gate_up, c.ffn_dim, &mut s.ffn);
             layer.down.matmul(&s.ffn, &mut s.tmp);
             add_assign(&mut s.x, &s.tmp);
@@ -288,7 +315,7 @@ fn matrix(name: &str, dtype: GgmlDType, rows: usize, cols: usize, bytes: &[u8]) 
         tensor: name.to_owned(),
         dtype,
     };
-    if cols % dtype.block_size() != 0 {
+    if !cols.is_multiple_of(dtype.block_size()) {
         return Err(unsupported());
     }
     QMatrix::from_bytes(dtype, rows, cols, bytes).ok_or_else(unsupported)

@@ -1,6 +1,8 @@
 //! The forward pass against llama.cpp's outputs on the same GGUF (osprey-testkit's golden file).
 
-use osprey_models::{BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, LlamaModel, LogitsWanted};
+use osprey_models::{
+    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, LlamaModel, LogitsWanted,
+};
 use osprey_testkit::{default_model, golden};
 
 fn load() -> LlamaModel {
@@ -12,9 +14,21 @@ fn load() -> LlamaModel {
 fn all_logprobs(model: &LlamaModel, ids: &[u32]) -> Vec<Vec<f32>> {
     let mut kv = KvCache::new(model.config(), ids.len().div_ceil(16));
     let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
-    let seqs = [BatchSeq { n_tokens: ids.len(), start_pos: 0, block_table: &table, logits: LogitsWanted::All }];
+    let seqs = [BatchSeq {
+        n_tokens: ids.len(),
+        start_pos: 0,
+        block_table: &table,
+        logits: LogitsWanted::All,
+    }];
     let mut scratch = ForwardScratch::default();
-    let logits = model.forward(&ForwardBatch { tokens: ids, seqs: &seqs }, &mut kv, &mut scratch);
+    let logits = model.forward(
+        &ForwardBatch {
+            tokens: ids,
+            seqs: &seqs,
+        },
+        &mut kv,
+        &mut scratch,
+    );
     logits
         .chunks_exact(model.config().vocab_size)
         .map(|row| {
@@ -32,7 +46,8 @@ fn argmax(row: &[f32]) -> u32 {
 #[test]
 fn teacher_forced_predictions_agree_with_llama_cpp() {
     let model = load();
-    let (mut all, mut all_agree, mut confident, mut confident_agree, mut abs_diff) = (0, 0, 0, 0, 0f64);
+    let (mut all, mut all_agree, mut confident, mut confident_agree, mut abs_diff) =
+        (0, 0, 0, 0, 0f64);
     for case in &golden().teacher_forced {
         let lps = all_logprobs(&model, &case.ids);
         for i in 0..case.ids.len() - 1 {
@@ -51,8 +66,13 @@ fn teacher_forced_predictions_agree_with_llama_cpp() {
     let confident_rate = confident_agree as f64 / confident as f64;
     let all_rate = all_agree as f64 / all as f64;
     let mean_abs = abs_diff / all as f64;
-    eprintln!("top-1 agreement: confident {confident_rate:.4} ({confident} positions), all {all_rate:.4} ({all}); mean |Δ logprob| {mean_abs:.4}");
-    assert!(confident_rate >= 0.99, "confident top-1 agreement {confident_rate:.4} < 0.99");
+    eprintln!(
+        "top-1 agreement: confident {confident_rate:.4} ({confident} positions), all {all_rate:.4} ({all}); mean |Δ logprob| {mean_abs:.4}"
+    );
+    assert!(
+        confident_rate >= 0.99,
+        "confident top-1 agreement {confident_rate:.4} < 0.99"
+    );
     assert!(all_rate >= 0.93, "top-1 agreement {all_rate:.4} < 0.93");
     assert!(mean_abs <= 0.10, "mean |Δ logprob| {mean_abs:.4} > 0.10");
 }
@@ -62,11 +82,22 @@ fn perplexity_matches_llama_cpp_within_one_percent() {
     let model = load();
     let case = &golden().perplexity;
     let lps = all_logprobs(&model, &case.ids);
-    let nll: f64 = (1..case.ids.len()).map(|i| -(lps[i - 1][case.ids[i] as usize] as f64)).sum();
+    let nll: f64 = (1..case.ids.len())
+        .map(|i| -(lps[i - 1][case.ids[i] as usize] as f64))
+        .sum();
     let ppl = (nll / (case.ids.len() - 1) as f64).exp();
     let rel = (ppl - case.perplexity).abs() / case.perplexity;
-    eprintln!("perplexity {ppl:.4} vs llama.cpp {:.4} ({:+.3}%)", case.perplexity, 100.0 * (ppl / case.perplexity - 1.0));
-    assert!(rel < 0.01, "perplexity {ppl:.4} is {:.2}% from llama.cpp's {:.4}", rel * 100.0, case.perplexity);
+    eprintln!(
+        "perplexity {ppl:.4} vs llama.cpp {:.4} ({:+.3}%)",
+        case.perplexity,
+        100.0 * (ppl / case.perplexity - 1.0)
+    );
+    assert!(
+        rel < 0.01,
+        "perplexity {ppl:.4} is {:.2}% from llama.cpp's {:.4}",
+        rel * 100.0,
+        case.perplexity
+    );
 }
 
 #[test]
@@ -81,20 +112,44 @@ fn a_sequence_computes_the_same_alone_in_chunks_and_in_a_batch() {
             .iter()
             .map(|(t, start, table)| {
                 tokens.extend_from_slice(t);
-                BatchSeq { n_tokens: t.len(), start_pos: *start, block_table: table, logits: LogitsWanted::Last }
+                BatchSeq {
+                    n_tokens: t.len(),
+                    start_pos: *start,
+                    block_table: table,
+                    logits: LogitsWanted::Last,
+                }
             })
             .collect();
         let mut scratch = ForwardScratch::default();
-        model.forward(&ForwardBatch { tokens: &tokens, seqs: &seqs }, kv, &mut scratch).to_vec()
+        model
+            .forward(
+                &ForwardBatch {
+                    tokens: &tokens,
+                    seqs: &seqs,
+                },
+                kv,
+                &mut scratch,
+            )
+            .to_vec()
     };
     let mut kv = KvCache::new(c, 16);
     let alone = last_logits(&[(ids, 0, vec![0, 1, 2])], &mut kv);
     // Same sequence as two chunks (25 + 15), the second one batched with another sequence.
     let mut kv = KvCache::new(c, 16);
     last_logits(&[(&ids[..25], 0, vec![3, 4, 5])], &mut kv);
-    let both = last_logits(&[(other, 0, vec![0, 1]), (&ids[25..], 25, vec![3, 4, 5])], &mut kv);
+    let both = last_logits(
+        &[(other, 0, vec![0, 1]), (&ids[25..], 25, vec![3, 4, 5])],
+        &mut kv,
+    );
     let chunked = &both[c.vocab_size..];
     assert_eq!(alone.len(), chunked.len());
-    let max_diff = alone.iter().zip(chunked).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    assert_eq!(max_diff, 0.0, "chunked+batched logits differ from the single pass by up to {max_diff}");
+    let max_diff = alone
+        .iter()
+        .zip(chunked)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert_eq!(
+        max_diff, 0.0,
+        "chunked+batched logits differ from the single pass by up to {max_diff}"
+    );
 }

@@ -120,7 +120,63 @@ pub fn golden() -> &'static Golden {
             || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/golden/smollm2-135m-q4_1.json"),
             PathBuf::from,
         );
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
     })
+}
+
+/// A Python interpreter with the official `openai` package: `$OSPREY_TEST_PYTHON`, or a
+/// virtual environment under `$OSPREY_HOME/test-venv`, created (once per machine) if missing.
+pub fn openai_python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            if let Some(p) = std::env::var_os("OSPREY_TEST_PYTHON") {
+                return PathBuf::from(p);
+            }
+            let home = osprey_models::osprey_home();
+            let venv = home.join("test-venv");
+            let python = venv.join("bin").join("python");
+            std::fs::create_dir_all(&home).expect("creating OSPREY_HOME");
+            let lock = std::fs::File::create(home.join(".test-venv.lock"))
+                .expect("creating the venv lock");
+            lock.lock().expect("locking the venv");
+            let ready = venv.join(".openai-installed");
+            if !ready.exists() {
+                eprintln!(
+                    "creating {} with the openai package (first run only)",
+                    venv.display()
+                );
+                run(std::process::Command::new("python3")
+                    .args(["-m", "venv"])
+                    .arg(&venv));
+                run(std::process::Command::new(&python).args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    "openai",
+                ]));
+                std::fs::write(&ready, "").expect("marking the venv ready");
+            }
+            python
+        })
+        .clone()
+}
+
+fn run(cmd: &mut std::process::Command) {
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?} failed with {status}");
+}
+
+/// A TCP port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding an ephemeral port")
 }

@@ -21,9 +21,16 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     /// Alternatives per token to return with `logprobs`, 0 to 20.
     pub top_logprobs: Option<i64>,
-    /// Sampling and streaming options.
-    #[serde(flatten)]
+    /// Sampling and streaming options (parsed from the same body by
+    /// [`parse_request`](super::parse_request)).
+    #[serde(skip)]
     pub sampling: SamplingFields,
+}
+
+impl super::ApiRequest for ChatCompletionRequest {
+    fn sampling_mut(&mut self) -> &mut SamplingFields {
+        &mut self.sampling
+    }
 }
 
 /// One message of a conversation.
@@ -76,7 +83,9 @@ impl ChatMessage {
                         (kind, _) => {
                             return Err(Error::invalid(
                                 "messages",
-                                format!("content parts of type `{kind}` are not supported by this text model; use `text` parts"),
+                                format!(
+                                    "content parts of type `{kind}` are not supported by this text model; use `text` parts"
+                                ),
                             ));
                         }
                     }
@@ -91,13 +100,19 @@ impl ChatCompletionRequest {
     /// Checks the conversation's shape.
     pub fn validate_messages(&self) -> Result<()> {
         if self.messages.is_empty() {
-            return Err(Error::invalid("messages", "`messages` must contain at least one message"));
+            return Err(Error::invalid(
+                "messages",
+                "`messages` must contain at least one message",
+            ));
         }
         for (i, m) in self.messages.iter().enumerate() {
             if !ROLES.contains(&m.role.as_str()) {
                 return Err(Error::invalid(
                     format!("messages[{i}].role"),
-                    format!("messages[{i}].role must be one of {ROLES:?}, got `{}`", m.role),
+                    format!(
+                        "messages[{i}].role must be one of {ROLES:?}, got `{}`",
+                        m.role
+                    ),
                 ));
             }
             if m.content.is_none() && m.role != "assistant" {
@@ -115,10 +130,16 @@ impl ChatCompletionRequest {
     pub fn sampling_params(&self) -> Result<SamplingParams> {
         let logprobs = match (self.logprobs.unwrap_or(false), self.top_logprobs) {
             (_, Some(n)) if !(0..=20).contains(&n) => {
-                return Err(Error::invalid("top_logprobs", format!("top_logprobs must be between 0 and 20, got {n}")));
+                return Err(Error::invalid(
+                    "top_logprobs",
+                    format!("top_logprobs must be between 0 and 20, got {n}"),
+                ));
             }
             (false, Some(n)) if n > 0 => {
-                return Err(Error::invalid("top_logprobs", "top_logprobs requires `logprobs: true`"));
+                return Err(Error::invalid(
+                    "top_logprobs",
+                    "top_logprobs requires `logprobs: true`",
+                ));
             }
             (true, n) => Some(n.unwrap_or(0) as usize),
             (false, _) => None,

@@ -64,7 +64,11 @@ pub struct SamplingFields {
 
 impl SamplingFields {
     /// Validated sampling parameters, given the endpoint's `max_tokens` and `logprobs` choices.
-    pub fn to_params(&self, max_tokens: Option<i64>, logprobs: Option<usize>) -> Result<SamplingParams> {
+    pub fn to_params(
+        &self,
+        max_tokens: Option<i64>,
+        logprobs: Option<usize>,
+    ) -> Result<SamplingParams> {
         let mut p = SamplingParams::default();
         if let Some(t) = self.temperature {
             range("temperature", t, 0.0, 2.0)?;
@@ -72,13 +76,19 @@ impl SamplingFields {
         }
         if let Some(v) = self.top_p {
             if !(v > 0.0 && v <= 1.0) {
-                return Err(Error::invalid("top_p", format!("top_p must be in (0, 1], got {v}")));
+                return Err(Error::invalid(
+                    "top_p",
+                    format!("top_p must be in (0, 1], got {v}"),
+                ));
             }
             p.top_p = v;
         }
         if let Some(k) = self.top_k {
             if k < -1 {
-                return Err(Error::invalid("top_k", format!("top_k must be -1, 0 or positive, got {k}")));
+                return Err(Error::invalid(
+                    "top_k",
+                    format!("top_k must be -1, 0 or positive, got {k}"),
+                ));
             }
             p.top_k = k.max(0) as usize;
         }
@@ -106,7 +116,10 @@ impl SamplingFields {
         if let Some(bias) = &self.logit_bias {
             for (k, &v) in bias {
                 let id: u32 = k.parse().map_err(|_| {
-                    Error::invalid("logit_bias", format!("logit_bias keys must be token ids, got `{k}`"))
+                    Error::invalid(
+                        "logit_bias",
+                        format!("logit_bias keys must be token ids, got `{k}`"),
+                    )
                 })?;
                 range("logit_bias", v, -100.0, 100.0)?;
                 p.logit_bias.push((id, v));
@@ -115,7 +128,10 @@ impl SamplingFields {
         p.seed = self.seed.map(|s| s as u64);
         if let Some(m) = max_tokens {
             if m < 1 {
-                return Err(Error::invalid("max_tokens", format!("max_tokens must be at least 1, got {m}")));
+                return Err(Error::invalid(
+                    "max_tokens",
+                    format!("max_tokens must be at least 1, got {m}"),
+                ));
             }
             p.max_tokens = m as usize;
         }
@@ -137,7 +153,10 @@ impl SamplingFields {
         };
         p.stop.retain(|s| !s.is_empty());
         if p.stop.len() > 16 {
-            return Err(Error::invalid("stop", "at most 16 stop strings are allowed"));
+            return Err(Error::invalid(
+                "stop",
+                "at most 16 stop strings are allowed",
+            ));
         }
         p.logprobs = logprobs;
         Ok(p)
@@ -148,7 +167,10 @@ impl SamplingFields {
         match self.n {
             None => Ok(1),
             Some(n) if (1..=16).contains(&n) => Ok(n as usize),
-            Some(n) => Err(Error::invalid("n", format!("n must be between 1 and 16, got {n}"))),
+            Some(n) => Err(Error::invalid(
+                "n",
+                format!("n must be between 1 and 16, got {n}"),
+            )),
         }
     }
 
@@ -159,7 +181,9 @@ impl SamplingFields {
 
     /// Whether a streamed response ends with a usage chunk.
     pub fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
     }
 }
 
@@ -167,7 +191,10 @@ fn range(param: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
     if v >= lo && v <= hi {
         Ok(())
     } else {
-        Err(Error::invalid(param, format!("{param} must be between {lo} and {hi}, got {v}")))
+        Err(Error::invalid(
+            param,
+            format!("{param} must be between {lo} and {hi}, got {v}"),
+        ))
     }
 }
 

@@ -22,9 +22,16 @@ pub struct CompletionRequest {
     pub echo: bool,
     /// Return log-probabilities with this many alternatives per token, 0 to 20.
     pub logprobs: Option<i64>,
-    /// Sampling and streaming options.
-    #[serde(flatten)]
+    /// Sampling and streaming options (parsed from the same body by
+    /// [`parse_request`](super::parse_request)).
+    #[serde(skip)]
     pub sampling: SamplingFields,
+}
+
+impl super::ApiRequest for CompletionRequest {
+    fn sampling_mut(&mut self) -> &mut SamplingFields {
+        &mut self.sampling
+    }
 }
 
 /// `prompt`: text, texts, token ids, or lists of token ids.
@@ -60,13 +67,22 @@ impl CompletionRequest {
             PromptInput::TokenLists(v) => v.iter().cloned().map(Prompt::Tokens).collect(),
         };
         if prompts.is_empty() {
-            return Err(Error::invalid("prompt", "`prompt` must not be an empty list"));
+            return Err(Error::invalid(
+                "prompt",
+                "`prompt` must not be an empty list",
+            ));
         }
         if prompts.len() > 64 {
             return Err(Error::invalid("prompt", "at most 64 prompts per request"));
         }
-        if prompts.iter().any(|p| matches!(p, Prompt::Tokens(t) if t.is_empty())) {
-            return Err(Error::invalid("prompt", "a token-id prompt must not be empty"));
+        if prompts
+            .iter()
+            .any(|p| matches!(p, Prompt::Tokens(t) if t.is_empty()))
+        {
+            return Err(Error::invalid(
+                "prompt",
+                "a token-id prompt must not be empty",
+            ));
         }
         Ok(prompts)
     }
@@ -77,10 +93,20 @@ impl CompletionRequest {
             None => None,
             Some(n) if (0..=20).contains(&n) => Some(n as usize),
             Some(n) => {
-                return Err(Error::invalid("logprobs", format!("logprobs must be between 0 and 20, got {n}")));
+                return Err(Error::invalid(
+                    "logprobs",
+                    format!("logprobs must be between 0 and 20, got {n}"),
+                ));
             }
         };
-        self.sampling.to_params(Some(self.max_tokens.unwrap_or(16)), logprobs)
+        let max_tokens = self.max_tokens.unwrap_or(16);
+        if max_tokens == 0 && self.echo {
+            // `echo` with no output scores the prompt alone: how perplexity is measured.
+            let mut p = self.sampling.to_params(Some(1), logprobs)?;
+            p.max_tokens = 0;
+            return Ok(p);
+        }
+        self.sampling.to_params(Some(max_tokens), logprobs)
     }
 }
 

@@ -16,7 +16,35 @@ pub use models::*;
 
 use crate::error::{Error, Result};
 
-/// Parses a JSON request body, naming the offending field in the error.
+/// A request body that carries the shared [`SamplingFields`].
+pub trait ApiRequest: serde::de::DeserializeOwned {
+    /// Where the sampling fields go.
+    fn sampling_mut(&mut self) -> &mut SamplingFields;
+}
+
+/// Parses a request body into `T` and its sampling fields, naming the offending field in any
+/// error. (The two parts are read separately rather than with `#[serde(flatten)]`, which would
+/// lose the field paths.)
+pub fn parse_request<T: ApiRequest>(body: &[u8]) -> Result<T> {
+    let value: serde_json::Value = parse_json(body)?;
+    let mut request: T = from_value(&value)?;
+    *request.sampling_mut() = from_value(&value)?;
+    Ok(request)
+}
+
+fn from_value<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> Result<T> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            Error::invalid("body", format!("The request body is invalid: {inner}"))
+        } else {
+            Error::invalid(path.clone(), format!("Field `{path}` is invalid: {inner}"))
+        }
+    })
+}
+
+/// Parses a JSON body, naming the offending field in the error.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T> {
     let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|e| {

@@ -76,9 +76,8 @@ pub fn attention(
         .iter()
         .enumerate()
         .flat_map(|(s, seq)| {
-            (0..n_kv_heads).flat_map(move |g| {
-                (0..seq.n_new).step_by(QUERY_CHUNK).map(move |c| (s, g, c))
-            })
+            (0..n_kv_heads)
+                .flat_map(move |g| (0..seq.n_new).step_by(QUERY_CHUNK).map(move |c| (s, g, c)))
         })
         .collect();
     tasks.par_iter().for_each(|&(s, g, chunk)| {
@@ -87,7 +86,14 @@ pub fn attention(
         let n_keys = seq.start_pos + queries.end;
         debug_assert!(seq.block_table.len() * crate::kv_cache::BLOCK_SIZE >= n_keys);
         SCRATCH.with_borrow_mut(|sc| {
-            kv.gather(layer, seq.block_table, g, n_keys, &mut sc.keys_t, &mut sc.values);
+            kv.gather(
+                layer,
+                seq.block_table,
+                g,
+                n_keys,
+                &mut sc.keys_t,
+                &mut sc.values,
+            );
             transpose_in_place(&mut sc.keys_t, n_keys, hd, &mut sc.scores);
             for h in g * group..(g + 1) * group {
                 for i in queries.clone() {

@@ -111,7 +111,11 @@ impl QuantizedRows {
         self.qs.resize(rows * cols, 0);
         self.d.resize(blocks, 0.0);
         self.s.resize(blocks, 0.0);
-        for (b, (xb, qb)) in x.chunks_exact(QK).zip(self.qs.chunks_exact_mut(QK)).enumerate() {
+        for (b, (xb, qb)) in x
+            .chunks_exact(QK)
+            .zip(self.qs.chunks_exact_mut(QK))
+            .enumerate()
+        {
             let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -128,7 +132,7 @@ impl QuantizedRows {
 
     /// Number of rows.
     pub fn rows(&self) -> usize {
-        if self.cols == 0 { 0 } else { self.qs.len() / self.cols }
+        self.qs.len().checked_div(self.cols).unwrap_or(0)
     }
 
     /// Row `r`.

@@ -12,8 +12,8 @@ use half::{bf16, f16};
 use std::cell::RefCell;
 
 use super::blocks::{QK, QuantizedRow, QuantizedRows, blocks_from_bytes};
-use super::tiles::{TILE_ROWS, Tile, TileQ4_1, TileQ8_0, repack};
 use super::par::{SharedMut, for_each_range, grain_for};
+use super::tiles::{TILE_ROWS, Tile, TileQ4_1, TileQ8_0, repack};
 
 /// Activation rows that share one decoded weight tile.
 const ROW_TILE: usize = 4;
@@ -27,7 +27,13 @@ pub struct QMatrix {
 
 impl std::fmt::Debug for QMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "QMatrix({:?}, {}x{})", self.dtype(), self.rows, self.cols)
+        write!(
+            f,
+            "QMatrix({:?}, {}x{})",
+            self.dtype(),
+            self.rows,
+            self.cols
+        )
     }
 }
 
@@ -144,7 +150,8 @@ impl<T: Tile> Weights for Tiled<T> {
                     let w = &self.tiles[tile * bpr..(tile + 1) * bpr];
                     let mut i = 0;
                     while i + ROW_TILE <= t {
-                        let group: [QuantizedRow; ROW_TILE] = std::array::from_fn(|r| acts.row(i + r));
+                        let group: [QuantizedRow; ROW_TILE] =
+                            std::array::from_fn(|r| acts.row(i + r));
                         for (r, values) in T::dot(w, &group).into_iter().enumerate() {
                             write(i + r, tile, values);
                         }

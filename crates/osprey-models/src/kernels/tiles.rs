@@ -69,7 +69,11 @@ pub fn repack<T: Tile>(blocks: &[T::Block], rows: usize, cols: usize) -> Vec<T> 
         for b in 0..bpr {
             out.push(T::pack(std::array::from_fn(|r| {
                 let row = t * TILE_ROWS + r;
-                if row < rows { &blocks[row * bpr + b] } else { &zero }
+                if row < rows {
+                    &blocks[row * bpr + b]
+                } else {
+                    &zero
+                }
             })));
         }
     }
@@ -101,13 +105,21 @@ impl Tile for TileQ4_1 {
 
     #[inline]
     fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
-        #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
         // SAFETY: the features are enabled at compile time; `matmul` passes activation rows
         // of `tiles.len()` blocks.
         unsafe {
             avx2::q4_1(tiles, acts)
         }
-        #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+        #[cfg(not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        )))]
         portable::q4_1(tiles, acts)
     }
 }
@@ -134,22 +146,40 @@ impl Tile for TileQ8_0 {
 
     #[inline]
     fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
-        #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
         // SAFETY: as for `TileQ4_1::dot`.
         unsafe {
             avx2::q8_0(tiles, acts)
         }
-        #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+        #[cfg(not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        )))]
         portable::q8_0(tiles, acts)
     }
 }
 
 /// Scalar kernels computing the same sums (for CPUs without AVX2).
-#[cfg_attr(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"), allow(dead_code))]
+#[cfg_attr(
+    all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ),
+    allow(dead_code)
+)]
 mod portable {
     use super::*;
 
-    pub fn q4_1<const R: usize>(tiles: &[TileQ4_1], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+    pub fn q4_1<const R: usize>(
+        tiles: &[TileQ4_1],
+        acts: &[QuantizedRow; R],
+    ) -> [[f32; TILE_ROWS]; R] {
         std::array::from_fn(|i| {
             let a = &acts[i];
             std::array::from_fn(|r| {
@@ -171,7 +201,10 @@ mod portable {
         })
     }
 
-    pub fn q8_0<const R: usize>(tiles: &[TileQ8_0], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+    pub fn q8_0<const R: usize>(
+        tiles: &[TileQ8_0],
+        acts: &[QuantizedRow; R],
+    ) -> [[f32; TILE_ROWS]; R] {
         std::array::from_fn(|i| {
             let a = &acts[i];
             std::array::from_fn(|r| {
@@ -189,7 +222,11 @@ mod portable {
     }
 }
 
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
 mod avx2 {
     use std::arch::x86_64::*;
 
@@ -209,7 +246,10 @@ mod avx2 {
     }
 
     #[inline(always)]
-    pub unsafe fn q4_1<const R: usize>(tiles: &[TileQ4_1], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+    pub unsafe fn q4_1<const R: usize>(
+        tiles: &[TileQ4_1],
+        acts: &[QuantizedRow; R],
+    ) -> [[f32; TILE_ROWS]; R] {
         unsafe {
             for a in acts {
                 debug_assert!(a.qs.len() >= tiles.len() * QK && a.d.len() >= tiles.len());
@@ -239,7 +279,8 @@ mod avx2 {
                     let isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[r], ones));
                     let dd = _mm256_mul_ps(d, _mm256_set1_ps(*acts[r].d.get_unchecked(b)));
                     acc[r] = _mm256_fmadd_ps(dd, isum, acc[r]);
-                    acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(*acts[r].s.get_unchecked(b)), acc[r]);
+                    acc[r] =
+                        _mm256_fmadd_ps(m, _mm256_set1_ps(*acts[r].s.get_unchecked(b)), acc[r]);
                 }
             }
             acc.map(|v| to_array(v))
@@ -247,7 +288,10 @@ mod avx2 {
     }
 
     #[inline(always)]
-    pub unsafe fn q8_0<const R: usize>(tiles: &[TileQ8_0], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+    pub unsafe fn q8_0<const R: usize>(
+        tiles: &[TileQ8_0],
+        acts: &[QuantizedRow; R],
+    ) -> [[f32; TILE_ROWS]; R] {
         unsafe {
             for a in acts {
                 debug_assert!(a.qs.len() >= tiles.len() * QK && a.d.len() >= tiles.len());

@@ -1,0 +1,98 @@
+//! The one place an error becomes an HTTP response, and the JSON body extractor that keeps
+//! every rejection in OpenAI's envelope.
+
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use osprey_core::api::{ErrorBody, ErrorResponse};
+use osprey_core::{Error, ErrorKind};
+
+/// An [`Error`] on its way to the client.
+#[derive(Debug)]
+pub struct ApiError(pub Error);
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        Self(e)
+    }
+}
+
+/// The status and OpenAI `type` of each error kind.
+fn classify(kind: ErrorKind) -> (StatusCode, &'static str) {
+    match kind {
+        ErrorKind::InvalidRequest => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+        ErrorKind::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error"),
+        ErrorKind::NotFound => (StatusCode::NOT_FOUND, "invalid_request_error"),
+        ErrorKind::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error"),
+        ErrorKind::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
+        ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
+        ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
+    }
+}
+
+/// The envelope `{"error": {...}}` for `e`.
+pub fn error_body(e: &Error) -> ErrorResponse {
+    ErrorResponse {
+        error: ErrorBody {
+            message: e.message.clone(),
+            kind: classify(e.kind).1.to_owned(),
+            param: e.param.clone(),
+            code: e.code.clone(),
+        },
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, _) = classify(self.0.kind);
+        if status.is_server_error() {
+            tracing::error!(error = %self.0.message, "request failed");
+        } else {
+            tracing::debug!(status = status.as_u16(), error = %self.0.message, "request rejected");
+        }
+        (status, axum::Json(error_body(&self.0))).into_response()
+    }
+}
+
+/// A JSON request body parsed into `T`, with every failure (too large, unreadable, not JSON,
+/// wrong shape) reported in OpenAI's envelope with the offending field named.
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: osprey_core::api::ApiRequest> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    Error::new(
+                        ErrorKind::PayloadTooLarge,
+                        "The request body is larger than this server accepts.",
+                    )
+                } else {
+                    Error::invalid(
+                        "body",
+                        format!("The request body could not be read: {rejection}"),
+                    )
+                }
+            })?;
+        Ok(Self(osprey_core::api::parse_request(&bytes)?))
+    }
+}
+
+/// The response for routes that do not exist.
+pub async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError(Error::new(
+        ErrorKind::NotFound,
+        format!("There is no route {}.", uri.path()),
+    ))
+}
+
+/// The response when a handler panics: the request fails, the server does not.
+pub fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    ApiError(Error::internal(
+        "The server hit an internal error while handling this request.",
+    ))
+    .into_response()
+}

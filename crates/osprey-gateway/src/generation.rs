@@ -1,0 +1,151 @@
+//! Running a request's choices on the engine: starting them, merging their streams, timing
+//! them, and turning engine tokens into OpenAI log-probability objects.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::time::Instant;
+
+use futures_util::Stream;
+use futures_util::stream::{self, StreamExt};
+use osprey_core::api::{ChatTokenLogprob, CompletionLogprobs, TopLogprob};
+use osprey_core::metrics as names;
+use osprey_core::{Error, SamplingParams};
+use osprey_engine::{Delta, Engine, Generation, TokenLogprob, Tokenizer};
+
+/// A stream of `(choice index, delta)` from several generations, as they arrive.
+pub type Deltas = Pin<Box<dyn Stream<Item = (usize, Result<Delta, Error>)> + Send>>;
+
+/// Starts `n` choices of `prompt`, numbered from `first_index`. Each gets its own seed:
+/// the request's seed plus the choice's number, or a random one.
+pub fn start_choices(
+    engine: &Engine,
+    prompt: &[u32],
+    params: &SamplingParams,
+    n: usize,
+    first_index: usize,
+    prompt_logprobs: bool,
+) -> Result<Vec<(usize, Generation)>, Error> {
+    (0..n)
+        .map(|i| {
+            let seed = params
+                .seed
+                .map_or_else(rand::random, |s| s.wrapping_add(i as u64));
+            let request =
+                engine.validate(prompt.to_vec(), params.clone(), prompt_logprobs, seed)?;
+            Ok((first_index + i, engine.generate(request)?))
+        })
+        .collect()
+}
+
+/// Merges choices into one stream; dropping it cancels every choice still running.
+pub fn merge(choices: Vec<(usize, Generation)>) -> Deltas {
+    let streams = choices.into_iter().map(|(index, generation)| {
+        stream::unfold(
+            generation,
+            |mut g| async move { g.next().await.map(|d| (d, g)) },
+        )
+        .map(move |d| (index, d))
+        .boxed()
+    });
+    stream::select_all(streams).boxed()
+}
+
+/// Latency metrics of one request: time to first token, time per output token, end to end.
+pub struct RequestTimer {
+    model: String,
+    start: Instant,
+    last_token: Option<Instant>,
+}
+
+impl RequestTimer {
+    /// Starts timing a request for `model`.
+    pub fn new(model: &str) -> Self {
+        Self {
+            model: model.to_owned(),
+            start: Instant::now(),
+            last_token: None,
+        }
+    }
+
+    /// Records a generated token.
+    pub fn token(&mut self) {
+        let now = Instant::now();
+        let model = self.model.clone();
+        match self.last_token {
+            None => metrics::histogram!(names::TIME_TO_FIRST_TOKEN, "model" => model)
+                .record((now - self.start).as_secs_f64()),
+            Some(prev) => metrics::histogram!(names::TIME_PER_OUTPUT_TOKEN, "model" => model)
+                .record((now - prev).as_secs_f64()),
+        }
+        self.last_token = Some(now);
+    }
+
+    /// Records the end of a request and its token counts.
+    pub fn finish(&self, prompt_tokens: usize, completion_tokens: usize) {
+        let model = self.model.clone();
+        metrics::histogram!(names::E2E_LATENCY, "model" => model.clone())
+            .record(self.start.elapsed().as_secs_f64());
+        metrics::counter!(names::PROMPT_TOKENS, "model" => model.clone())
+            .increment(prompt_tokens as u64);
+        metrics::counter!(names::GENERATION_TOKENS, "model" => model)
+            .increment(completion_tokens as u64);
+    }
+}
+
+/// A generated token in the chat API's log-probability format.
+pub fn chat_logprob(tok: &Tokenizer, lp: &TokenLogprob) -> ChatTokenLogprob {
+    ChatTokenLogprob {
+        token: tok.token_text(lp.id),
+        logprob: lp.logprob,
+        bytes: tok.token_bytes(lp.id).to_vec(),
+        top_logprobs: lp
+            .top
+            .iter()
+            .map(|&(id, logprob)| TopLogprob {
+                token: tok.token_text(id),
+                logprob,
+                bytes: tok.token_bytes(id).to_vec(),
+            })
+            .collect(),
+    }
+}
+
+/// Appends tokens to a completions-API log-probability object, tracking text offsets.
+pub struct CompletionLogprobsBuilder {
+    /// The object built so far.
+    pub logprobs: CompletionLogprobs,
+    /// Characters of the choice's text so far.
+    pub offset: usize,
+}
+
+impl CompletionLogprobsBuilder {
+    /// An empty builder whose offsets start at `offset` characters.
+    pub fn new(offset: usize) -> Self {
+        Self {
+            logprobs: CompletionLogprobs::default(),
+            offset,
+        }
+    }
+
+    /// Adds one token: its id, and its log-probability and alternatives if known.
+    pub fn push(&mut self, tok: &Tokenizer, id: u32, lp: Option<&TokenLogprob>, top_n: usize) {
+        let text = tok.token_text(id);
+        let l = &mut self.logprobs;
+        l.text_offset.push(self.offset);
+        self.offset += text.chars().count();
+        l.tokens.push(text);
+        l.token_logprobs.push(lp.map(|lp| lp.logprob));
+        l.top_logprobs.push(lp.map(|lp| {
+            lp.top
+                .iter()
+                .take(top_n)
+                .map(|&(id, logprob)| (tok.token_text(id), logprob))
+                .collect::<BTreeMap<_, _>>()
+        }));
+    }
+
+    /// Takes the entries added so far, leaving the builder empty (for streamed chunks).
+    pub fn take(&mut self) -> CompletionLogprobs {
+        std::mem::take(&mut self.logprobs)
+    }
+}

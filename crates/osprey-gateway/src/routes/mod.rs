@@ -1,0 +1,104 @@
+//! The HTTP surface: OpenAI-compatible routes plus health, readiness and metrics.
+
+mod chat;
+mod completions;
+mod health;
+mod models;
+
+use std::convert::Infallible;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::{Stream, StreamExt};
+use tower_http::catch_panic::CatchPanicLayer;
+
+use crate::error::{not_found, panic_response};
+use crate::state::AppState;
+
+/// Identifies this build in responses' `system_fingerprint`.
+pub const FINGERPRINT: &str = concat!("osprey-", env!("CARGO_PKG_VERSION"));
+
+/// Settings of the HTTP layer.
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 4 << 20,
+        }
+    }
+}
+
+/// All routes, with the body limit, panic isolation and request metrics.
+pub fn router(state: AppState, config: &HttpConfig) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{*id}", get(models::get))
+        .route("/health", get(health::health))
+        .route("/ready", get(health::ready))
+        .route("/metrics", get(health::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+        .layer(axum::middleware::from_fn(crate::metrics::track))
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(CatchPanicLayer::custom(panic_response))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let e = osprey_core::Error::invalid(
+        "method",
+        format!("{method} is not allowed on {}.", uri.path()),
+    );
+    let mut r = crate::error::ApiError(e).into_response();
+    *r.status_mut() = axum::http::StatusCode::METHOD_NOT_ALLOWED;
+    r
+}
+
+/// A fresh response id with `prefix`.
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}-{:032x}", rand::random::<u128>())
+}
+
+/// One SSE event carrying `value` as JSON.
+pub fn json_event(value: &impl serde::Serialize) -> Event {
+    Event::default()
+        .data(serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")))
+}
+
+/// The `data: [DONE]` event that ends an OpenAI stream.
+pub fn done_event() -> Event {
+    Event::default().data("[DONE]")
+}
+
+/// An SSE response over `events`.
+pub fn stream_response(events: impl Stream<Item = Event> + Send + 'static) -> Response {
+    Sse::new(events.map(Ok::<_, Infallible>))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// Runs `body` as a task feeding a stream of events; the task stops (dropping its generations,
+/// which cancels them) when the client's connection goes away.
+pub fn async_stream<F, Fut>(body: F) -> impl Stream<Item = Event> + Send + 'static
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Event>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), tokio::sync::mpsc::error::SendError<Event>>>
+        + Send
+        + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        let _ = body(tx).await;
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

@@ -1,0 +1,376 @@
+//! The HTTP API against the real model, in process: OpenAI shapes, exact usage, streaming,
+//! perplexity through `echo` + `logprobs`, every kind of bad input, and cancellation.
+
+use std::time::Duration;
+
+use osprey_gateway::{AppState, HttpConfig};
+use serde_json::{Value, json};
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+/// Starts a server over the shared engine and returns its base URL.
+async fn server() -> String {
+    let state = AppState::new(MODEL);
+    state.set_engine(osprey_testkit::shared_engine());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = HttpConfig {
+        max_body_bytes: 1 << 20,
+    };
+    tokio::spawn(async move {
+        osprey_gateway::serve(listener, state, &config, std::future::pending()).await
+    });
+    format!("http://{addr}")
+}
+
+async fn post(base: &str, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
+    )
+}
+
+/// Posts a streaming request and returns the `data:` payloads.
+async fn post_stream(base: &str, path: &str, body: Value) -> Vec<String> {
+    let text = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn assert_envelope(status: u16, body: &Value, want_status: u16, want_param: Option<&str>) {
+    assert_eq!(status, want_status, "{body}");
+    let e = &body["error"];
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(e["type"].is_string(), "{body}");
+    assert!(
+        e.get("param").is_some() && e.get("code").is_some(),
+        "{body}"
+    );
+    if let Some(p) = want_param {
+        assert_eq!(e["param"], p, "{body}");
+    }
+}
+
+#[tokio::test]
+async fn perplexity_through_the_api_matches_llama_cpp() {
+    let base = server().await;
+    let case = &osprey_testkit::golden().perplexity;
+    let (status, body) = post(
+        &base,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": case.ids, "max_tokens": 0, "echo": true, "logprobs": 0})
+            .to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let lps = body["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap();
+    assert_eq!(lps.len(), case.ids.len());
+    assert!(lps[0].is_null());
+    let nll: f64 = lps[1..].iter().map(|v| -v.as_f64().unwrap()).sum();
+    let ppl = (nll / (lps.len() - 1) as f64).exp();
+    eprintln!(
+        "API perplexity {ppl:.4} vs llama.cpp {:.4}",
+        case.perplexity
+    );
+    assert!(
+        (ppl / case.perplexity - 1.0).abs() < 0.01,
+        "perplexity {ppl} vs {}",
+        case.perplexity
+    );
+    assert_eq!(body["usage"]["prompt_tokens"], case.ids.len());
+    assert_eq!(body["usage"]["completion_tokens"], 0);
+}
+
+#[tokio::test]
+async fn chat_usage_is_exact_and_streaming_matches() {
+    let base = server().await;
+    let req = json!({"model": MODEL, "messages": [{"role": "user", "content": "Write a haiku about rivers."}],
+                     "max_tokens": 20, "temperature": 0, "ignore_eos": true, "some_unknown_field": {"x": 1}});
+    let (status, body) = post(&base, "/v1/chat/completions", req.to_string()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(
+        body["usage"]["completion_tokens"], 20,
+        "ignore_eos generates exactly max_tokens"
+    );
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    let engine = osprey_testkit::shared_engine();
+    let rendered = engine
+        .render_chat(&[osprey_engine::TemplateMessage {
+            role: "user".into(),
+            content: "Write a haiku about rivers.".into(),
+        }])
+        .unwrap();
+    assert_eq!(
+        body["usage"]["prompt_tokens"],
+        engine.tokenizer().encode(&rendered, true).len()
+    );
+
+    let mut streamed = req.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let events = post_stream(&base, "/v1/chat/completions", streamed).await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .flat_map(|c| {
+            c["choices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|ch| ch["delta"]["content"].as_str())
+        })
+        .collect();
+    assert_eq!(
+        text,
+        body["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], 20);
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+}
+
+#[tokio::test]
+async fn stop_strings_end_the_text_and_never_leak() {
+    let base = server().await;
+    let prompt = "Count: one, two, three, four, five, six,";
+    let req = json!({"model": MODEL, "prompt": prompt, "max_tokens": 30, "temperature": 0});
+    let (_, free) = post(&base, "/v1/completions", req.to_string()).await;
+    let full = free["choices"][0]["text"].as_str().unwrap().to_owned();
+    // Stop on a piece of text the free run produced, starting after its first few characters.
+    let stop: String = full.chars().skip(5).take(4).collect();
+    let mut stopped = req.clone();
+    stopped["stop"] = json!([stop]);
+    let (status, body) = post(&base, "/v1/completions", stopped.to_string()).await;
+    assert_eq!(status, 200);
+    let text = body["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert!(
+        full.starts_with(text) && !text.contains(&stop),
+        "{text:?} / {stop:?} / {full:?}"
+    );
+    stopped["stream"] = json!(true);
+    let events = post_stream(&base, "/v1/completions", stopped).await;
+    let streamed: String = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(streamed, text);
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_error_and_the_server_keeps_serving() {
+    let base = server().await;
+    let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
+        ("/v1/chat/completions", "{not json".into(), 400, Some("body")),
+        ("/v1/chat/completions", json!({"model": MODEL}).to_string(), 400, None),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": "hi"}).to_string(), 400, Some("messages")),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": []}).to_string(), 400, Some("messages")),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}).to_string(), 400, Some("messages[0].role")),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).to_string(), 400, Some("temperature")),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 0}).to_string(), 400, Some("top_p")),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}).to_string(), 400, Some("n")),
+        ("/v1/chat/completions", json!({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}).to_string(), 404, Some("model")),
+        ("/v1/completions", json!({"model": MODEL, "prompt": "x", "max_tokens": 100_000}).to_string(), 400, Some("max_tokens")),
+        ("/v1/completions", json!({"model": MODEL, "prompt": "word ".repeat(9000)}).to_string(), 400, Some("prompt")),
+        ("/v1/completions", json!({"model": MODEL, "prompt": [1, 2, 999_999]}).to_string(), 400, Some("prompt")),
+        ("/v1/completions", json!({"model": MODEL, "prompt": []}).to_string(), 400, Some("prompt")),
+        ("/v1/completions", json!({"model": MODEL, "prompt": "x", "logit_bias": {"abc": 1}}).to_string(), 400, Some("logit_bias")),
+        ("/v1/completions", json!({"model": MODEL, "prompt": "x", "max_tokens": 0}).to_string(), 400, Some("max_tokens")),
+        ("/v1/completions", format!("{{\"model\":\"{MODEL}\",\"prompt\":\"{}\"}}", "a".repeat(2 << 20)), 413, None),
+        ("/v1/nothing-here", "{}".into(), 404, None),
+    ];
+    for (path, body, status, param) in cases {
+        let (got, json) = post(&base, path, body.clone()).await;
+        assert_envelope(got, &json, status, param);
+        if status == 404 && path.contains("chat") {
+            assert_eq!(json["error"]["code"], "model_not_found");
+        }
+    }
+    // Invalid UTF-8 in the body.
+    let (got, json) = post(
+        &base,
+        "/v1/completions",
+        b"{\"model\":\"x\",\"prompt\":\"\xff\xfe\"}".to_vec(),
+    )
+    .await;
+    assert_envelope(got, &json, 400, None);
+    let (status, body) = post(
+        &base,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "Still", "max_tokens": 2}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_frees_its_sequence() {
+    let base = server().await;
+    let engine = osprey_testkit::shared_engine();
+    let req = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": true, "stream": true});
+    let mut resp = reqwest::Client::new()
+        .post(format!("{base}/v1/completions"))
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    // Read until tokens flow, then hang up.
+    let mut seen = 0;
+    while seen < 3 {
+        let chunk = resp.chunk().await.unwrap().expect("stream ended early");
+        seen += String::from_utf8_lossy(&chunk).matches("data: ").count();
+    }
+    drop(resp);
+    for _ in 0..300 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if engine.stats().running() == 0
+            && engine.stats().free_blocks() == engine.stats().total_blocks()
+        {
+            return;
+        }
+    }
+    panic!(
+        "sequence not freed: running {}, free blocks {}/{}",
+        engine.stats().running(),
+        engine.stats().free_blocks(),
+        engine.stats().total_blocks()
+    );
+}
+
+#[tokio::test]
+async fn models_health_ready_and_metrics() {
+    let base = server().await;
+    let client = reqwest::Client::new();
+    let models: Value = client
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], MODEL);
+    assert_eq!(
+        client
+            .get(format!("{base}/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        client
+            .get(format!("{base}/ready"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let one = client
+        .get(format!("{base}/v1/models/{MODEL}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(one.status(), 200);
+    let (status, _) = post(
+        &base,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "Hi", "max_tokens": 3}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "osprey_http_requests_total",
+        "osprey_time_to_first_token_seconds_bucket",
+        "osprey_time_per_output_token_seconds_bucket",
+        "osprey_generation_tokens_total",
+    ] {
+        assert!(
+            metrics.contains(name),
+            "{name} missing from /metrics:\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn requests_wait_with_503_until_the_model_is_loaded() {
+    let state = AppState::new(MODEL);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let serving = state.clone();
+    tokio::spawn(async move {
+        osprey_gateway::serve(
+            listener,
+            serving,
+            &HttpConfig::default(),
+            std::future::pending(),
+        )
+        .await
+    });
+    let ready = reqwest::get(format!("{base}/ready")).await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let (status, body) = post(
+        &base,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "x"}).to_string(),
+    )
+    .await;
+    assert_envelope(status, &body, 503, None);
+    state.set_engine(osprey_testkit::shared_engine());
+    assert_eq!(
+        reqwest::get(format!("{base}/ready"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}

@@ -1,0 +1,126 @@
+//! Command-line interface: every option is a flag and an `OSPREY_*` environment variable.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Osprey: a production LLM serving stack.
+#[derive(Parser, Debug)]
+#[command(name = "osprey", version, about)]
+pub struct Cli {
+    /// Log format: `text` or `json`.
+    #[arg(long, global = true, env = "OSPREY_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve a model through the OpenAI-compatible API.
+    Serve(ServeArgs),
+    /// Fetch or list models.
+    #[command(subcommand)]
+    Models(ModelsCommand),
+}
+
+/// `osprey models ...`
+#[derive(Subcommand, Debug)]
+pub enum ModelsCommand {
+    /// Download the default model into $OSPREY_HOME/models (verified by SHA-256).
+    Fetch,
+    /// List the models in $OSPREY_HOME/models.
+    List,
+}
+
+/// `osprey serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "OSPREY_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, env = "OSPREY_PORT", default_value_t = 8080)]
+    pub port: u16,
+    /// A Llama-family GGUF file to serve (default: SmolLM2-135M-Instruct, fetched on first use).
+    #[arg(long, env = "OSPREY_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Name clients put in `model` (default: the model's file name, or `smollm2-135m-instruct`).
+    #[arg(long, env = "OSPREY_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+    /// KV cache size, e.g. `1GiB`, `512MiB` or bytes.
+    #[arg(long, env = "OSPREY_KV_CACHE_MEMORY", default_value = "1GiB", value_parser = parse_bytes)]
+    pub kv_cache_memory: usize,
+    /// Most sequences in one forward pass.
+    #[arg(long, env = "OSPREY_MAX_NUM_SEQS", default_value_t = 32)]
+    pub max_num_seqs: usize,
+    /// Most tokens (prefill and decode) in one forward pass.
+    #[arg(long, env = "OSPREY_MAX_NUM_BATCHED_TOKENS", default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// Context window (default: the model's).
+    #[arg(long, env = "OSPREY_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
+    /// Compute threads (default: one per core).
+    #[arg(long, env = "OSPREY_THREADS", default_value_t = 0)]
+    pub threads: usize,
+    /// Largest request body accepted, e.g. `4MiB`.
+    #[arg(long, env = "OSPREY_MAX_BODY_BYTES", default_value = "4MiB", value_parser = parse_bytes)]
+    pub max_body_bytes: usize,
+}
+
+/// Parses `1GiB`, `512MiB`, `64KiB`, `1.5GB` or a plain byte count.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size like 1GiB or 512MiB"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` (use B, KiB, MiB, GiB)"
+            ));
+        }
+    };
+    Ok((value * scale) as usize)
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+pub fn init_logging(format: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert_eq!(parse_bytes("1.5 kb"), Ok(1500));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("3 parsecs").is_err());
+    }
+}

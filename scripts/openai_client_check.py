@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Drives a running Osprey server with the official `openai` Python client.
+
+Usage: python openai_client_check.py BASE_URL   (e.g. http://127.0.0.1:8080/v1)
+Exits non-zero, naming the failed check, if anything is not as OpenAI's API promises.
+"""
+import math
+import sys
+
+import openai
+from openai import OpenAI
+
+base_url = sys.argv[1]
+client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def check(name, cond, detail=""):
+    if not cond:
+        print(f"FAIL {name} {detail}", flush=True)
+        sys.exit(1)
+    print(f"ok   {name}", flush=True)
+
+
+models = client.models.list()
+ids = [m.id for m in models.data]
+check("models.list returns the served model", len(ids) == 1, ids)
+model = ids[0]
+
+chat = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "What is the capital of France?"}],
+    max_tokens=16,
+    temperature=0,
+)
+choice = chat.choices[0]
+check("chat: a non-empty assistant message", choice.message.role == "assistant" and choice.message.content, chat)
+check("chat: finish_reason", choice.finish_reason in ("stop", "length"), choice.finish_reason)
+check("chat: usage adds up", chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
+      and 0 < chat.usage.completion_tokens <= 16, chat.usage)
+
+again = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=16, temperature=0)
+check("chat: greedy is deterministic", again.choices[0].message.content == choice.message.content)
+
+stream = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "What is the capital of France?"}],
+    max_tokens=16,
+    temperature=0,
+    stream=True,
+    stream_options={"include_usage": True},
+)
+parts, finish, usage = [], None, None
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for c in chunk.choices:
+        if c.delta.content:
+            parts.append(c.delta.content)
+        if c.finish_reason:
+            finish = c.finish_reason
+check("chat stream: same text as non-streamed", "".join(parts) == choice.message.content, ("".join(parts), choice.message.content))
+check("chat stream: finish_reason", finish == choice.finish_reason, finish)
+check("chat stream: usage chunk", usage is not None and usage.completion_tokens == chat.usage.completion_tokens, usage)
+
+lp = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+content = lp.choices[0].logprobs.content
+check("chat logprobs: one entry per token with 2 alternatives",
+      len(content) == lp.usage.completion_tokens and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content))
+
+seeded = [client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Tell me a story"}],
+                                         max_tokens=12, temperature=1.0, seed=42).choices[0].message.content
+          for _ in range(2)]
+check("chat: same seed, same output", seeded[0] == seeded[1], seeded)
+
+two = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Name a color"}],
+                                     max_tokens=6, n=2, temperature=1.0, seed=1)
+check("chat: n=2 gives two choices", sorted(c.index for c in two.choices) == [0, 1])
+
+comp = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+check("completions: text", isinstance(comp.choices[0].text, str) and comp.usage.completion_tokens > 0, comp)
+
+text = "The quick brown fox jumps over the lazy dog. It was a sunny day in the park."
+scored = client.completions.create(model=model, prompt=text, max_tokens=0, echo=True, logprobs=1)
+lps = scored.choices[0].logprobs
+check("completions echo+logprobs: prompt echoed", scored.choices[0].text == text, scored.choices[0].text)
+check("completions echo+logprobs: first token has no logprob", lps.token_logprobs[0] is None)
+values = lps.token_logprobs[1:]
+check("completions echo+logprobs: one logprob per prompt token",
+      len(lps.tokens) == scored.usage.prompt_tokens and all(v is not None and v <= 0 for v in values))
+ppl = math.exp(-sum(values) / len(values))
+check(f"completions echo+logprobs: perplexity {ppl:.2f} is finite and plausible", 1.0 < ppl < 1000.0)
+
+ids_prompt = client.completions.create(model=model, prompt=[504, 3575, 282], max_tokens=4, temperature=0)
+check("completions: token-id prompt", ids_prompt.usage.prompt_tokens == 3)
+
+try:
+    client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    check("unknown model raises NotFoundError", False)
+except openai.NotFoundError as e:
+    check("unknown model raises NotFoundError", e.status_code == 404 and e.body.get("code") == "model_not_found", e.body)
+
+try:
+    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], temperature=7)
+    check("malformed request raises BadRequestError", False)
+except openai.BadRequestError as e:
+    check("malformed request raises BadRequestError", e.status_code == 400 and e.body.get("param") == "temperature", e.body)
+
+try:
+    client.chat.completions.create(model=model, messages=[])
+    check("empty messages raise BadRequestError", False)
+except openai.BadRequestError as e:
+    check("empty messages raise BadRequestError", e.status_code == 400, e.body)
+
+try:
+    client.completions.create(model=model, prompt="word " * 9000, max_tokens=4)
+    check("a prompt over the context window raises BadRequestError", False)
+except openai.BadRequestError as e:
+    check("a prompt over the context window raises BadRequestError", e.body.get("code") == "context_length_exceeded", e.body)
+
+print("all checks passed")
