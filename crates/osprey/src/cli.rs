@@ -23,6 +23,9 @@ pub enum Command {
     /// Fetch or list models.
     #[command(subcommand)]
     Models(ModelsCommand),
+    /// Benchmarks (see docs/benchmarks.md).
+    #[command(subcommand)]
+    Bench(crate::bench::BenchCommand),
 }
 
 /// `osprey models ...`

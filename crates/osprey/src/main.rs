@@ -1,5 +1,6 @@
 //! `osprey`: serve a model through an OpenAI-compatible API, fetch models, benchmark.
 
+mod bench;
 mod cli;
 mod models;
 mod serve;
@@ -12,5 +13,6 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         cli::Command::Serve(args) => serve::run(args),
         cli::Command::Models(cmd) => models::run(cmd),
+        cli::Command::Bench(cmd) => bench::run(cmd),
     }
 }
