@@ -34,6 +34,8 @@ pub struct RopeConfig {
     pub style: RopeStyle,
     /// Positions are divided by this (linear scaling); 1.0 when unscaled.
     pub linear_factor: f32,
+    /// Per-frequency divisors (Llama 3's `rope_freqs.weight`), `dims / 2` of them.
+    pub freq_factors: Option<Vec<f32>>,
 }
 
 /// Everything the forward pass needs to know about the model's shape.
@@ -98,7 +100,14 @@ impl ModelConfig {
         };
         let linear_factor = match gguf.str(&key("rope.scaling.type")).ok() {
             Some("linear") => gguf.opt_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
-            _ => 1.0,
+            None | Some("none") => 1.0,
+            Some(other) => {
+                tracing::warn!(
+                    scaling = other,
+                    "unsupported RoPE scaling; positions beyond the original context will be off"
+                );
+                1.0
+            }
         };
         let config = Self {
             arch,
@@ -124,6 +133,7 @@ impl ModelConfig {
                     Arch::Llama | Arch::Mistral => RopeStyle::Interleaved,
                 },
                 linear_factor,
+                freq_factors: None,
             },
         };
         config.validate()?;

@@ -109,7 +109,11 @@ pub struct ForwardScratch {
 impl LlamaModel {
     /// Loads the weights of a Llama-family model from an open GGUF file.
     pub fn load(gguf: &GgufFile) -> Result<Self> {
-        let config = ModelConfig::from_gguf(gguf)?;
+        let mut config = ModelConfig::from_gguf(gguf)?;
+        if gguf.tensor("rope_freqs.weight").is_some() {
+            config.rope.freq_factors =
+                Some(vector(gguf, "rope_freqs.weight", config.rope.dims / 2)?);
+        }
         let c = &config;
         let (d, hd) = (c.d_model, c.head_dim);
         let embed_view = tensor(gguf, "token_embd.weight", c.vocab_size, d)?;

@@ -55,11 +55,16 @@ impl RopeTable {
     /// Angles for each position in `positions`.
     pub fn new(rope: &RopeConfig, positions: impl Iterator<Item = usize>) -> Self {
         let half = rope.dims / 2;
+        let inv_freqs: Vec<f64> = (0..half)
+            .map(|i| {
+                let f = (rope.base as f64).powf(-2.0 * i as f64 / rope.dims as f64);
+                f / rope.freq_factors.as_ref().map_or(1.0, |ff| ff[i] as f64)
+            })
+            .collect();
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         for pos in positions {
             let p = pos as f64 / rope.linear_factor as f64;
-            for i in 0..half {
-                let inv_freq = (rope.base as f64).powf(-2.0 * i as f64 / rope.dims as f64);
+            for &inv_freq in &inv_freqs {
                 let (s, c) = (p * inv_freq).sin_cos();
                 cos.push(c as f32);
                 sin.push(s as f32);
@@ -160,6 +165,7 @@ mod tests {
             dims: 4,
             style: RopeStyle::Interleaved,
             linear_factor: 1.0,
+            freq_factors: None,
         };
         let table = RopeTable::new(&rope, [0usize, 1].into_iter());
         let mut x = vec![1.0, 0.0, 1.0, 0.0];
