@@ -117,8 +117,9 @@ impl Engine {
     /// Loads the GGUF model at `path` and starts the engine thread.
     pub fn load(path: &Path, config: EngineConfig) -> Result<Self, ModelError> {
         let gguf = GgufFile::open(path)?;
-        let model = LlamaModel::load(&gguf)?;
-        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let (model, tokenizer) =
+            rayon::join(|| LlamaModel::load(&gguf), || Tokenizer::from_gguf(&gguf));
+        let (model, tokenizer) = (model?, tokenizer?);
         let token_text = |id: Option<u32>| {
             id.and_then(|i| tokenizer.id_to_token(i))
                 .unwrap_or_default()

@@ -39,10 +39,13 @@ impl GgufFile {
             path: display.clone(),
             source,
         };
-        let mut file = File::open(path).map_err(io)?;
-        let content = Content::read(&mut file).map_err(|e| ModelError::InvalidGguf {
-            path: display.clone(),
-            reason: e.to_string(),
+        let file = File::open(path).map_err(io)?;
+        // The header is tens of thousands of small reads (one per vocabulary entry): buffer them.
+        let content = Content::read(&mut std::io::BufReader::new(&file)).map_err(|e| {
+            ModelError::InvalidGguf {
+                path: display.clone(),
+                reason: e.to_string(),
+            }
         })?;
         // SAFETY: the map is read-only and the file is not modified while Osprey runs; a model
         // file being rewritten underneath a running server is outside what any loader defends.

@@ -7,6 +7,7 @@
 //! keys in a block are contiguous.
 
 use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use crate::config::ModelConfig;
 
@@ -18,26 +19,28 @@ pub struct KvCache {
     n_kv_heads: usize,
     head_dim: usize,
     num_blocks: usize,
-    /// Per layer: keys of every block.
-    k: Vec<Vec<f16>>,
-    /// Per layer: values of every block.
-    v: Vec<Vec<f16>>,
+    /// Per layer: keys of every block, as f16 bits. (Stored as `u16` so the pool is allocated
+    /// zeroed by the OS and its pages become resident only as blocks are first used.)
+    k: Vec<Vec<u16>>,
+    /// Per layer: values of every block, likewise.
+    v: Vec<Vec<u16>>,
 }
 
 impl KvCache {
     /// A pool of `num_blocks` blocks. Memory is reserved lazily by the OS as blocks are used.
     pub fn new(config: &ModelConfig, num_blocks: usize) -> Self {
         let per_layer = num_blocks * BLOCK_SIZE * config.n_kv_heads * config.head_dim;
+        let layers = || {
+            (0..config.n_layers)
+                .map(|_| vec![0u16; per_layer])
+                .collect()
+        };
         Self {
             n_kv_heads: config.n_kv_heads,
             head_dim: config.head_dim,
             num_blocks,
-            k: (0..config.n_layers)
-                .map(|_| vec![f16::ZERO; per_layer])
-                .collect(),
-            v: (0..config.n_layers)
-                .map(|_| vec![f16::ZERO; per_layer])
-                .collect(),
+            k: layers(),
+            v: layers(),
         }
     }
 
@@ -46,7 +49,7 @@ impl KvCache {
         self.num_blocks
     }
 
-    /// Blocks needed to sized a pool within `bytes` of memory.
+    /// Blocks that fit in `bytes` of memory.
     pub fn blocks_for_bytes(config: &ModelConfig, bytes: usize) -> usize {
         bytes / (config.kv_bytes_per_token() * BLOCK_SIZE)
     }
@@ -65,18 +68,13 @@ impl KvCache {
         let hd = self.head_dim;
         for h in 0..self.n_kv_heads {
             let o = self.offset(block, h, pos % BLOCK_SIZE);
-            for (dst, &src) in self.k[layer][o..o + hd]
-                .iter_mut()
-                .zip(&k[h * hd..(h + 1) * hd])
-            {
-                *dst = f16::from_f32(src);
-            }
-            for (dst, &src) in self.v[layer][o..o + hd]
-                .iter_mut()
-                .zip(&v[h * hd..(h + 1) * hd])
-            {
-                *dst = f16::from_f32(src);
-            }
+            let (src_k, src_v) = (&k[h * hd..(h + 1) * hd], &v[h * hd..(h + 1) * hd]);
+            self.k[layer][o..o + hd]
+                .reinterpret_cast_mut::<f16>()
+                .convert_from_f32_slice(src_k);
+            self.v[layer][o..o + hd]
+                .reinterpret_cast_mut::<f16>()
+                .convert_from_f32_slice(src_v);
         }
     }
 
@@ -99,11 +97,11 @@ impl KvCache {
             let o = self.offset(block, head, 0);
             let dst = b * BLOCK_SIZE * hd..(b * BLOCK_SIZE + slots) * hd;
             let src = o..o + slots * hd;
-            half::slice::HalfFloatSliceExt::convert_to_f32_slice(
-                &self.k[layer][src.clone()],
-                &mut k[dst.clone()],
-            );
-            half::slice::HalfFloatSliceExt::convert_to_f32_slice(&self.v[layer][src], &mut v[dst]);
+            let keys = self.k[layer][src.clone()].reinterpret_cast::<f16>();
+            keys.convert_to_f32_slice(&mut k[dst.clone()]);
+            self.v[layer][src]
+                .reinterpret_cast::<f16>()
+                .convert_to_f32_slice(&mut v[dst]);
         }
     }
 

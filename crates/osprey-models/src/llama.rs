@@ -5,6 +5,7 @@
 //! sequence over its own paged KV.
 
 use candle_core::quantized::GgmlDType;
+use rayon::prelude::*;
 
 use crate::batch::{ForwardBatch, LogitsWanted};
 use crate::config::{Arch, ModelConfig};
@@ -52,7 +53,7 @@ impl Projection {
             .map(|(n, &r)| tensor(gguf, n, r, cols))
             .collect::<Result<Vec<_>>>()?;
         if views.iter().all(|v| v.dtype == views[0].dtype) {
-            let bytes: Vec<u8> = views.iter().flat_map(|v| v.bytes.iter().copied()).collect();
+            let bytes = views.iter().map(|v| v.bytes).collect::<Vec<_>>().concat();
             let total = rows.iter().sum();
             return Ok(Self::Fused(matrix(
                 &names[0],
@@ -132,6 +133,7 @@ impl LlamaModel {
             None => None,
         };
         let layers = (0..c.n_layers)
+            .into_par_iter()
             .map(|l| {
                 let n = |s: &str| format!("blk.{l}.{s}");
                 let qkv_rows = [c.n_heads * hd, c.n_kv_heads * hd, c.n_kv_heads * hd];

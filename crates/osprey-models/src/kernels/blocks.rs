@@ -63,17 +63,30 @@ impl BlockQ8_0 {
     }
 }
 
-/// Reinterprets GGUF tensor bytes as blocks, copying them into owned, aligned memory.
-pub fn blocks_from_bytes<B: Copy + Default>(bytes: &[u8]) -> Vec<B> {
+/// Copies GGUF tensor bytes into owned, aligned memory as `B`s.
+///
+/// `B` must be a `repr(C)` plain-old-data block type for which every bit pattern is valid (the
+/// GGML block types are).
+pub fn blocks_from_bytes<B>(bytes: &[u8]) -> Vec<B> {
     let size = std::mem::size_of::<B>();
     assert_eq!(bytes.len() % size, 0, "tensor bytes are not whole blocks");
-    let mut out = vec![B::default(); bytes.len() / size];
-    // SAFETY: `B` is a `repr(C)` plain-old-data block type for which every bit pattern is
-    // valid, and `out` has exactly `bytes.len()` bytes of room.
+    let n = bytes.len() / size;
+    let mut out = Vec::<B>::with_capacity(n);
+    // SAFETY: `out` has capacity for `n` blocks, all of whose bytes are written before
+    // `set_len`, and every bit pattern is a valid `B` (see above).
     unsafe {
         std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), bytes.len());
+        out.set_len(n);
     }
     out
+}
+
+/// Block `index` of GGUF tensor bytes (which need not be aligned for `B`).
+pub fn read_block<B: Copy>(bytes: &[u8], index: usize) -> B {
+    let size = std::mem::size_of::<B>();
+    let at = &bytes[index * size..(index + 1) * size];
+    // SAFETY: `at` holds exactly one `B`'s bytes; every bit pattern is a valid block.
+    unsafe { std::ptr::read_unaligned(at.as_ptr().cast::<B>()) }
 }
 
 /// Rows of activations quantized to 8 bits in blocks of 32 (ggml's `Q8_1`, with the scale

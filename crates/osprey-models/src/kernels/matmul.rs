@@ -118,9 +118,8 @@ struct Tiled<T> {
 
 impl<T: Tile> Tiled<T> {
     fn new(dtype: GgmlDType, bytes: &[u8], rows: usize, cols: usize) -> Self {
-        let blocks = blocks_from_bytes::<T::Block>(bytes);
         Self {
-            tiles: repack(&blocks, rows, cols),
+            tiles: repack(bytes, rows, cols),
             dtype,
         }
     }
@@ -183,18 +182,8 @@ struct Ggml<T>(Vec<T>);
 
 impl<T: GgmlType> Ggml<T> {
     fn from_bytes(bytes: &[u8]) -> Self {
-        let size = std::mem::size_of::<T>();
-        let mut blocks = vec![T::zeros(); bytes.len() / size];
-        // SAFETY: candle's block types are `repr(C)` plain data in GGML's byte layout; `blocks`
-        // has room for exactly the whole blocks in `bytes`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                blocks.as_mut_ptr().cast::<u8>(),
-                blocks.len() * size,
-            );
-        }
-        Self(blocks)
+        // Candle's block types are `repr(C)` plain data in GGML's byte layout.
+        Self(blocks_from_bytes(bytes))
     }
 }
 

@@ -15,7 +15,7 @@
 
 use half::f16;
 
-use super::blocks::{BlockQ4_1, BlockQ8_0, QK, QuantizedRow};
+use super::blocks::{BlockQ4_1, BlockQ8_0, QK, QuantizedRow, read_block};
 
 /// Rows per tile.
 pub const TILE_ROWS: usize = 8;
@@ -59,22 +59,23 @@ pub trait Tile: Copy + Send + Sync + 'static {
     fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R];
 }
 
-/// Repacks a `rows × cols` GGML matrix (`blocks`, row-major) into tiles
+/// Repacks a `rows × cols` GGML matrix (`bytes`, row-major blocks) into tiles
 /// `[row tile][block]`, padding the last row tile with zero rows.
-pub fn repack<T: Tile>(blocks: &[T::Block], rows: usize, cols: usize) -> Vec<T> {
+pub fn repack<T: Tile>(bytes: &[u8], rows: usize, cols: usize) -> Vec<T> {
     let bpr = cols / QK;
     let zero = T::Block::default();
     let mut out = Vec::with_capacity(rows.div_ceil(TILE_ROWS) * bpr);
     for t in 0..rows.div_ceil(TILE_ROWS) {
         for b in 0..bpr {
-            out.push(T::pack(std::array::from_fn(|r| {
+            let blocks: [T::Block; TILE_ROWS] = std::array::from_fn(|r| {
                 let row = t * TILE_ROWS + r;
                 if row < rows {
-                    &blocks[row * bpr + b]
+                    read_block(bytes, row * bpr + b)
                 } else {
-                    &zero
+                    zero
                 }
-            })));
+            });
+            out.push(T::pack(std::array::from_fn(|r| &blocks[r])));
         }
     }
     out
