@@ -199,7 +199,8 @@ fn download_and_unpack(
         .arg("-d")
         .arg(work)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        // pip's progress goes to our stderr, keeping stdout for what the caller prints.
+        .stdout(Stdio::from(std::io::stderr()))
         .status()
         .map_err(|e| pip_err(e.to_string()))?;
     if !status.success() {
