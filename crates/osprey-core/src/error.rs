@@ -31,6 +31,8 @@ pub struct Error {
     pub param: Option<String>,
     /// A stable machine-readable code (`"model_not_found"`, `"context_length_exceeded"`…).
     pub code: Option<String>,
+    /// Seconds after which a retry may succeed (sent as `retry-after`).
+    pub retry_after: Option<u64>,
 }
 
 impl Error {
@@ -41,6 +43,7 @@ impl Error {
             message: message.into(),
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -69,6 +72,12 @@ impl Error {
     /// Names the request field at fault.
     pub fn with_param(mut self, param: impl Into<String>) -> Self {
         self.param = Some(param.into());
+        self
+    }
+
+    /// Suggests retrying after `seconds`.
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
         self
     }
 

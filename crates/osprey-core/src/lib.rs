@@ -22,4 +22,4 @@ pub mod metrics;
 pub mod sampling;
 
 pub use error::{Error, ErrorKind};
-pub use sampling::{FinishReason, SamplingParams};
+pub use sampling::{FinishReason, Priority, SamplingParams};

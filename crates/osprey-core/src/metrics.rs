@@ -28,3 +28,17 @@ pub const RUNNING_SEQUENCES: &str = "osprey_running_sequences";
 pub const WAITING_SEQUENCES: &str = "osprey_waiting_sequences";
 /// Free KV cache blocks.
 pub const KV_BLOCKS_FREE: &str = "osprey_kv_blocks_free";
+/// KV cache blocks held by sequences.
+pub const KV_BLOCKS_USED: &str = "osprey_kv_blocks_used";
+/// Cached KV blocks reused for other content.
+pub const KV_BLOCKS_EVICTED: &str = "osprey_kv_blocks_evicted_total";
+/// Prompt tokens looked up in the prefix cache.
+pub const PREFIX_CACHE_QUERIED_TOKENS: &str = "osprey_prefix_cache_queried_tokens_total";
+/// Prompt tokens found in the prefix cache (hit rate = hit / queried).
+pub const PREFIX_CACHE_HIT_TOKENS: &str = "osprey_prefix_cache_hit_tokens_total";
+/// Sequences preempted for lack of KV memory or for interactive work.
+pub const PREEMPTIONS: &str = "osprey_preemptions_total";
+/// Wall time of one engine step (schedule, forward pass, sampling), seconds.
+pub const STEP_DURATION: &str = "osprey_engine_step_seconds";
+/// Requests refused because the waiting queue was full.
+pub const REJECTED_OVERLOADED: &str = "osprey_requests_rejected_overloaded_total";

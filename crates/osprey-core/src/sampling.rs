@@ -78,3 +78,28 @@ pub enum FinishReason {
     /// `max_tokens` or the context window was reached.
     Length,
 }
+
+/// How urgently a request wants its tokens. Interactive requests are admitted first and their
+/// decodes are never held up by batch prefills; batch requests use what is left, and one that
+/// has waited too long is treated as interactive, so it is never starved.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// A person is waiting on the stream.
+    #[default]
+    Interactive,
+    /// Throughput matters, latency does not.
+    Batch,
+}
+
+impl Priority {
+    /// The label used in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Interactive => "interactive",
+            Self::Batch => "batch",
+        }
+    }
+}

@@ -1,34 +1,30 @@
-//! The engine: a handle for request handlers, and the step loop on its own thread.
+//! The engine handle: loads a model, validates requests, queues them for the engine thread.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::time::Instant;
 
-use osprey_core::{Error, ErrorKind, FinishReason, SamplingParams};
-use osprey_models::{
-    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, LlamaModel, LogitsWanted, ModelError,
-};
-use rayon::prelude::*;
+use osprey_core::{Error, ErrorKind};
+use osprey_models::{GgufFile, KvCache, LlamaModel, ModelError};
 
-use crate::block_allocator::{BlockAllocator, BlockTable};
 use crate::chat_template::{ChatTemplate, TemplateMessage};
-use crate::request::{EventReceiver, SeqEvent, ValidRequest};
-use crate::sampler::{Sampled, TokenLogprob, log_sum_exp, top_n};
-use crate::scheduler::{Scheduler, SchedulerConfig};
-use crate::sequence::Sequence;
+use crate::engine_loop::{Command, EngineLoop, LoopSetup};
+use crate::request::{EventReceiver, GenerateRequest, ValidRequest};
+use crate::scheduler::SchedulerConfig;
 use crate::tokenizer::Tokenizer;
 
-/// How the engine is sized.
+/// How the engine is sized and scheduled.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    /// Most tokens in one forward pass.
-    pub max_num_batched_tokens: usize,
-    /// Most sequences in one forward pass.
-    pub max_num_seqs: usize,
-    /// Bytes of KV cache to preallocate.
+    /// Step budget, sequence cap and priority policy.
+    pub scheduler: SchedulerConfig,
+    /// Bytes of KV cache in the block pool.
     pub kv_cache_bytes: usize,
+    /// Reuse the KV of earlier requests sharing a prefix.
+    pub prefix_caching: bool,
+    /// Sequences that may wait for admission; beyond this, requests get a 503.
+    pub max_waiting: usize,
     /// Compute threads (0 = one per core).
     pub threads: usize,
     /// Context window; `None` uses the model's.
@@ -38,13 +34,33 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            max_num_batched_tokens: 512,
-            max_num_seqs: 32,
-            kv_cache_bytes: 1 << 30,
+            scheduler: SchedulerConfig::default(),
+            kv_cache_bytes: default_kv_cache_bytes(),
+            prefix_caching: true,
+            max_waiting: 256,
             threads: 0,
             max_model_len: None,
         }
     }
+}
+
+/// A tenth of physical memory, between 256 MiB and 4 GiB. (The pool is allocated lazily, so
+/// memory is only resident once blocks are used.)
+pub fn default_kv_cache_bytes() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .map(str::to_owned)
+        })
+        .and_then(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|kb| kb.parse::<usize>().ok())
+        })
+        .map_or(8 << 30, |kb| kb * 1024);
+    (total / 10).clamp(256 << 20, 4 << 30)
 }
 
 /// Facts about the loaded model.
@@ -62,18 +78,17 @@ pub struct ModelInfo {
     pub weight_bytes: usize,
 }
 
-enum Command {
-    Add(Box<ValidRequest>, crate::request::EventSender),
-}
-
 /// Live counters of the engine, updated after every step.
 #[derive(Debug, Default)]
 pub struct EngineStats {
-    running: AtomicUsize,
-    waiting: AtomicUsize,
-    free_blocks: AtomicUsize,
-    total_blocks: AtomicUsize,
-    steps: AtomicUsize,
+    pub(crate) running: AtomicUsize,
+    pub(crate) waiting: AtomicUsize,
+    /// Requests submitted but not yet taken in by the engine thread.
+    pub(crate) queued: AtomicUsize,
+    pub(crate) free_blocks: AtomicUsize,
+    pub(crate) total_blocks: AtomicUsize,
+    pub(crate) steps: AtomicUsize,
+    pub(crate) preemptions: AtomicU64,
 }
 
 impl EngineStats {
@@ -83,7 +98,7 @@ impl EngineStats {
     }
     /// Sequences waiting for admission.
     pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+        self.waiting.load(Ordering::Relaxed) + self.queued.load(Ordering::Relaxed)
     }
     /// KV blocks not held by any sequence.
     pub fn free_blocks(&self) -> usize {
@@ -97,6 +112,10 @@ impl EngineStats {
     pub fn steps(&self) -> usize {
         self.steps.load(Ordering::Relaxed)
     }
+    /// Sequences preempted so far.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions.load(Ordering::Relaxed)
+    }
 }
 
 struct Shared {
@@ -105,6 +124,7 @@ struct Shared {
     tokenizer: Tokenizer,
     template: ChatTemplate,
     info: ModelInfo,
+    max_waiting: usize,
 }
 
 /// A running engine. Cheap to clone; the engine thread stops when the last clone is dropped.
@@ -148,10 +168,9 @@ impl Engine {
             kv_capacity_tokens: blocks * osprey_models::BLOCK_SIZE,
             weight_bytes: model.weight_bytes(),
         };
-        let threads = if config.threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            config.threads
+        let threads = match config.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -162,30 +181,25 @@ impl Engine {
         let stats = Arc::new(EngineStats::default());
         stats.free_blocks.store(blocks, Ordering::Relaxed);
         stats.total_blocks.store(blocks, Ordering::Relaxed);
-        let loop_stats = stats.clone();
-        let end_tokens = tokenizer.end_of_generation().to_vec();
         let kv = KvCache::new(&mc, blocks);
-        let sched = SchedulerConfig {
-            max_num_batched_tokens: config.max_num_batched_tokens.max(1),
-            max_num_seqs: config.max_num_seqs.max(1),
-        };
+        let end_tokens = tokenizer.end_of_generation().to_vec();
+        let loop_stats = stats.clone();
+        let scheduler = config.scheduler.clone();
+        let prefix_caching = config.prefix_caching;
         std::thread::Builder::new()
             .name("osprey-engine".into())
             .spawn(move || {
-                // The allocator is single-threaded shared state, so it is made on this thread.
-                let engine_loop = EngineLoop {
+                let setup = LoopSetup {
                     model,
                     kv,
-                    allocator: BlockAllocator::new(blocks),
-                    scheduler: Scheduler::new(sched),
-                    scratch: ForwardScratch::default(),
+                    scheduler,
+                    prefix_caching,
                     pool,
                     end_tokens,
                     max_model_len,
-                    next_id: 0,
                     stats: loop_stats,
                 };
-                engine_loop.run(rx)
+                EngineLoop::new(setup).run(rx)
             })
             .map_err(|e| ModelError::Tokenizer(format!("engine thread: {e}")))?;
         tracing::info!(
@@ -193,6 +207,7 @@ impl Engine {
             layers = mc.n_layers,
             kv_tokens = info.kv_capacity_tokens,
             threads,
+            prefix_caching,
             "model loaded"
         );
         Ok(Self {
@@ -202,6 +217,7 @@ impl Engine {
                 tokenizer,
                 template,
                 info,
+                max_waiting: config.max_waiting,
             }),
         })
     }
@@ -226,335 +242,82 @@ impl Engine {
         self.shared.template.render(messages, true)
     }
 
-    /// Checks a tokenized prompt and its options against the model and caps `max_tokens` to
-    /// the context window. Errors about the prompt name the field `prompt`.
-    pub fn validate(
-        &self,
-        prompt: Vec<u32>,
-        mut params: SamplingParams,
-        prompt_logprobs: bool,
-        seed: u64,
-    ) -> Result<ValidRequest, Error> {
+    /// Checks a request against the model and caps `max_tokens` to the context window.
+    /// Errors about the prompt name the field `prompt`.
+    pub fn validate(&self, mut request: GenerateRequest) -> Result<ValidRequest, Error> {
         let info = &self.shared.info;
-        let param = "prompt";
+        let (prompt, params) = (&request.prompt, &mut request.params);
         if prompt.is_empty() {
-            return Err(Error::invalid(param, "the prompt is empty"));
+            return Err(Error::invalid("prompt", "the prompt is empty"));
         }
-        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
-            return Err(Error::invalid(
-                "prompt",
+        let outside = |what: &str, id: u32| {
+            Error::invalid(
+                what,
                 format!(
-                    "token id {bad} is outside the vocabulary (size {})",
+                    "token id {id} is outside the vocabulary (size {})",
                     info.vocab_size
                 ),
-            ));
+            )
+        };
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
+            return Err(outside("prompt", bad));
         }
-        for &(id, _) in &params.logit_bias {
-            if id as usize >= info.vocab_size {
-                return Err(Error::invalid(
-                    "logit_bias",
-                    format!(
-                        "token id {id} is outside the vocabulary (size {})",
-                        info.vocab_size
-                    ),
-                ));
-            }
+        if let Some(&(bad, _)) = params
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= info.vocab_size)
+        {
+            return Err(outside("logit_bias", bad));
         }
         let ctx = info.max_model_len.min(info.kv_capacity_tokens);
         if prompt.len() >= ctx {
-            return Err(Error::invalid(
-                param,
-                format!(
-                    "This model's maximum context length is {ctx} tokens, but the prompt has {} tokens, leaving no room for output.",
-                    prompt.len()
-                ),
-            )
-            .with_code("context_length_exceeded"));
+            let message = format!(
+                "This model's maximum context length is {ctx} tokens, but the prompt has {} tokens, leaving no room for output.",
+                prompt.len()
+            );
+            return Err(Error::invalid("prompt", message).with_code("context_length_exceeded"));
         }
         let room = ctx - prompt.len();
-        if params.max_tokens == 0 && !prompt_logprobs {
-            return Err(Error::invalid(
-                "max_tokens",
-                "max_tokens must be at least 1 (0 is only allowed to score the prompt, with echo and logprobs)",
-            ));
+        if params.max_tokens == 0 && !request.prompt_logprobs {
+            let message = "max_tokens must be at least 1 (0 is only allowed to score the prompt, with echo and logprobs)";
+            return Err(Error::invalid("max_tokens", message));
         }
         if params.max_tokens == usize::MAX {
             params.max_tokens = room;
         } else if params.max_tokens > room {
-            return Err(Error::invalid(
-                "max_tokens",
-                format!(
-                    "max_tokens is {}, but the prompt has {} tokens and this model's maximum context length is {ctx}: at most {room} tokens can be generated.",
-                    params.max_tokens,
-                    prompt.len()
-                ),
-            )
-            .with_code("context_length_exceeded"));
+            let message = format!(
+                "max_tokens is {}, but the prompt has {} tokens and this model's maximum context length is {ctx}: at most {room} tokens can be generated.",
+                params.max_tokens,
+                prompt.len()
+            );
+            return Err(Error::invalid("max_tokens", message).with_code("context_length_exceeded"));
         }
-        Ok(ValidRequest {
-            prompt,
-            params,
-            prompt_logprobs,
-            seed,
-        })
+        Ok(ValidRequest(request))
     }
 
-    /// Queues a request; its events arrive on the returned receiver, and dropping the
-    /// receiver cancels it.
+    /// Queues a request; its events arrive on the returned receiver, and dropping the receiver
+    /// cancels it. When too many sequences are already waiting, answers `Unavailable` with a
+    /// retry hint instead of queueing without limit.
     pub fn submit(&self, request: ValidRequest) -> Result<EventReceiver, Error> {
+        let stats = &self.shared.stats;
+        let queued = stats.queued.fetch_add(1, Ordering::Relaxed);
+        if queued + stats.waiting.load(Ordering::Relaxed) >= self.shared.max_waiting {
+            stats.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "The server is at capacity; retry shortly.",
+            )
+            .with_code("server_overloaded")
+            .with_retry_after(1));
+        }
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.shared
             .commands
             .send(Command::Add(Box::new(request), tx))
-            .map_err(|_| Error::new(ErrorKind::Unavailable, "the engine has stopped"))?;
+            .map_err(|_| {
+                stats.queued.fetch_sub(1, Ordering::Relaxed);
+                Error::new(ErrorKind::Unavailable, "the engine has stopped")
+            })?;
         Ok(rx)
-    }
-}
-
-/// State owned by the engine thread.
-struct EngineLoop {
-    model: LlamaModel,
-    kv: KvCache,
-    allocator: crate::block_allocator::SharedAllocator,
-    scheduler: Scheduler,
-    scratch: ForwardScratch,
-    pool: rayon::ThreadPool,
-    end_tokens: Vec<u32>,
-    max_model_len: usize,
-    next_id: u64,
-    stats: Arc<EngineStats>,
-}
-
-impl EngineLoop {
-    fn run(mut self, commands: mpsc::Receiver<Command>) {
-        loop {
-            if !self.scheduler.has_work() {
-                match commands.recv() {
-                    Ok(cmd) => self.accept(cmd),
-                    Err(_) => return,
-                }
-            }
-            while let Ok(cmd) = commands.try_recv() {
-                self.accept(cmd);
-            }
-            self.scheduler.remove_cancelled();
-            self.publish_stats();
-            // A panic here is a bug; fail the step's sequences rather than the whole server.
-            let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step()));
-            if step.is_err() {
-                tracing::error!("engine step panicked; failing its sequences");
-                for seq in self.scheduler.take_running(|_| true) {
-                    seq.send(SeqEvent::Failed(Error::internal(
-                        "the engine failed while computing this request",
-                    )));
-                }
-            }
-        }
-    }
-
-    fn accept(&mut self, Command::Add(req, events): Command) {
-        let ValidRequest {
-            prompt,
-            params,
-            prompt_logprobs,
-            seed,
-        } = *req;
-        let end_tokens = if params.ignore_eos {
-            Vec::new()
-        } else {
-            self.end_tokens.clone()
-        };
-        let mut enders = end_tokens.clone();
-        enders.extend(&params.stop_token_ids);
-        self.next_id += 1;
-        self.scheduler.add(Sequence {
-            id: self.next_id,
-            prompt_len: prompt.len(),
-            sampler: crate::sampler::Sampler::new(params, seed, &prompt, enders),
-            tokens: prompt,
-            num_computed: 0,
-            block_table: BlockTable::new(self.allocator.clone()),
-            prompt_logprobs_sent: prompt_logprobs.then_some(0),
-            max_len: self.max_model_len,
-            end_tokens,
-            events,
-            arrival: Instant::now(),
-            finish: None,
-        });
-    }
-
-    fn step(&mut self) {
-        let plan = self.scheduler.schedule();
-        for (seq, reason) in plan.ended {
-            seq.send(SeqEvent::Finished(reason));
-        }
-        if plan.scheduled.is_empty() {
-            return;
-        }
-
-        // Build the batch: each scheduled sequence's next tokens, and which logits it needs.
-        let running = self.scheduler.running();
-        let mut tokens = Vec::new();
-        let mut seqs = Vec::with_capacity(plan.scheduled.len());
-        for s in &plan.scheduled {
-            let seq = &running[s.index];
-            let start = seq.num_computed;
-            tokens.extend_from_slice(&seq.tokens[start..start + s.n_tokens]);
-            let logits = if !prompt_positions(seq, s.n_tokens).is_empty() {
-                LogitsWanted::All
-            } else if start + s.n_tokens == seq.tokens.len() {
-                LogitsWanted::Last
-            } else {
-                LogitsWanted::None
-            };
-            seqs.push(BatchSeq {
-                n_tokens: s.n_tokens,
-                start_pos: start,
-                block_table: seq.block_table.blocks(),
-                logits,
-            });
-        }
-        let (model, kv, scratch) = (&self.model, &mut self.kv, &mut self.scratch);
-        let batch = ForwardBatch {
-            tokens: &tokens,
-            seqs: &seqs,
-        };
-        let logits = self.pool.install(|| model.forward(&batch, kv, scratch));
-        metrics::histogram!(osprey_core::metrics::BATCH_TOKENS).record(tokens.len() as f64);
-        metrics::histogram!(osprey_core::metrics::BATCH_SEQUENCES).record(seqs.len() as f64);
-        let kinds: Vec<LogitsWanted> = seqs.iter().map(|s| s.logits).collect();
-
-        // Hand each sequence its rows of logits, then score prompts and sample in parallel.
-        let vocab = self.model.config().vocab_size;
-        let mut rest: &mut [f32] = logits;
-        let mut work = Vec::with_capacity(plan.scheduled.len());
-        let mut next = plan.scheduled.iter().zip(&kinds).peekable();
-        for (index, seq) in self.scheduler.running_mut().iter_mut().enumerate() {
-            let Some(&(s, &kind)) = next.peek() else {
-                break;
-            };
-            if s.index != index {
-                continue;
-            }
-            next.next();
-            let n_rows = match kind {
-                LogitsWanted::None => 0,
-                LogitsWanted::Last => 1,
-                LogitsWanted::All => s.n_tokens,
-            };
-            let (rows, tail) = std::mem::take(&mut rest).split_at_mut(n_rows * vocab);
-            rest = tail;
-            let positions = prompt_positions(seq, s.n_tokens);
-            let targets = positions
-                .clone()
-                .map(|q| (q > 0).then(|| (seq.tokens[q], q - 1 - seq.num_computed)))
-                .collect();
-            let top = seq.sampler.params().logprobs.unwrap_or(0);
-            let completes = seq.num_computed + s.n_tokens == seq.tokens.len();
-            let samples = completes && seq.sampler.params().max_tokens > 0;
-            work.push(StepWork {
-                rows,
-                targets,
-                top,
-                sampler: samples.then_some(&mut seq.sampler),
-            });
-        }
-        let results: Vec<StepResult> = self
-            .pool
-            .install(|| work.into_par_iter().map(|w| w.run(vocab)).collect());
-
-        // Apply results in order: advance, report, and end sequences that are done.
-        let running = self.scheduler.running_mut();
-        for (s, result) in plan.scheduled.iter().zip(results) {
-            let seq = &mut running[s.index];
-            let reported = prompt_positions(seq, s.n_tokens);
-            seq.num_computed += s.n_tokens;
-            if !result.prompt_logprobs.is_empty() {
-                seq.prompt_logprobs_sent = Some(reported.end);
-                seq.send(SeqEvent::PromptLogprobs(result.prompt_logprobs));
-            }
-            if seq.num_computed == seq.tokens.len() && seq.sampler.params().max_tokens == 0 {
-                // Scoring only: the prompt is done and nothing is to be generated.
-                seq.finish = Some(FinishReason::Length);
-            }
-            if let Some(sampled) = result.sampled {
-                let id = sampled.id;
-                if seq.generated() == 0 {
-                    metrics::histogram!(osprey_core::metrics::ENGINE_QUEUE_TO_FIRST_TOKEN)
-                        .record(seq.arrival.elapsed().as_secs_f64());
-                }
-                seq.send(SeqEvent::Token(sampled));
-                seq.finish = seq.push_token(id);
-            }
-        }
-        for seq in self.scheduler.take_running(|s| s.finish.is_some()) {
-            seq.send(SeqEvent::Finished(seq.finish.unwrap_or(FinishReason::Stop)));
-        }
-        self.stats.steps.fetch_add(1, Ordering::Relaxed);
-        self.publish_stats();
-    }
-
-    fn publish_stats(&self) {
-        let (running, waiting) = (self.scheduler.running().len(), self.scheduler.num_waiting());
-        let free = self.allocator.borrow().num_free();
-        self.stats.running.store(running, Ordering::Relaxed);
-        self.stats.waiting.store(waiting, Ordering::Relaxed);
-        self.stats.free_blocks.store(free, Ordering::Relaxed);
-        metrics::gauge!(osprey_core::metrics::RUNNING_SEQUENCES).set(running as f64);
-        metrics::gauge!(osprey_core::metrics::WAITING_SEQUENCES).set(waiting as f64);
-        metrics::gauge!(osprey_core::metrics::KV_BLOCKS_FREE).set(free as f64);
-    }
-}
-
-/// Prompt positions whose log-probabilities this step reports for `seq` computing `n` more
-/// tokens: those not yet sent, up to the last one the step's logits can score.
-fn prompt_positions(seq: &Sequence, n: usize) -> std::ops::Range<usize> {
-    match seq.prompt_logprobs_sent {
-        Some(sent) => sent..(seq.num_computed + n + 1).min(seq.prompt_len).max(sent),
-        None => 0..0,
-    }
-}
-
-/// One sequence's post-forward work: score its prompt positions and sample.
-struct StepWork<'a> {
-    rows: &'a mut [f32],
-    /// Per reported prompt position: its token and the logits row predicting it (`None` for
-    /// position 0).
-    targets: Vec<Option<(u32, usize)>>,
-    top: usize,
-    sampler: Option<&'a mut crate::sampler::Sampler>,
-}
-
-/// What a [`StepWork`] produced.
-struct StepResult {
-    prompt_logprobs: Vec<Option<TokenLogprob>>,
-    sampled: Option<Sampled>,
-}
-
-impl StepWork<'_> {
-    fn run(self, vocab: usize) -> StepResult {
-        let prompt_logprobs = self
-            .targets
-            .iter()
-            .map(|t| {
-                t.map(|(id, row)| {
-                    let row = &self.rows[row * vocab..(row + 1) * vocab];
-                    let lse = log_sum_exp(row);
-                    TokenLogprob {
-                        id,
-                        logprob: row[id as usize] - lse,
-                        top: top_n(row, self.top, lse),
-                    }
-                })
-            })
-            .collect();
-        let sampled = self.sampler.map(|s| {
-            let last = self.rows.len() - vocab;
-            s.sample(&mut self.rows[last..])
-        });
-        StepResult {
-            prompt_logprobs,
-            sampled,
-        }
     }
 }

@@ -3,7 +3,7 @@
 //! One engine thread runs steps ([`engine`]): the [`scheduler::Scheduler`] picks which
 //! [`sequence::Sequence`]s run and how many tokens each (continuous batching, chunked prefill),
 //! the model computes them in one forward pass over the paged KV cache (blocks handed out by
-//! [`block_allocator::BlockAllocator`]), and each sequence's [`sampler::Sampler`] picks its next
+//! [`kv::KvCacheManager`], which also finds cached prefixes), and each sequence's [`sampler::Sampler`] picks its next
 //! token. Request handlers talk to it through the [`Engine`] handle:
 //!
 //! ```no_run
@@ -12,7 +12,8 @@
 //! let engine = Engine::load("model.gguf".as_ref(), EngineConfig::default())?;
 //! let prompt = engine.tokenizer().encode("The capital of France is", true);
 //! let params = osprey_core::SamplingParams { temperature: 0.0, max_tokens: 8, ..Default::default() };
-//! let mut generation = engine.generate(engine.validate(prompt, params, false, 0)?)?;
+//! let request = osprey_engine::GenerateRequest::new(prompt, params);
+//! let mut generation = engine.generate(engine.validate(request)?)?;
 //! while let Some(delta) = generation.next().await {
 //!     print!("{}", delta?.text);
 //! }
@@ -24,10 +25,11 @@
 //! character or part of a stop string ([`output::Generation`]).
 #![deny(missing_docs)]
 
-pub mod block_allocator;
 pub mod chat_template;
 pub mod detokenizer;
 pub mod engine;
+mod engine_loop;
+pub mod kv;
 pub mod output;
 pub mod request;
 pub mod sampler;
@@ -36,8 +38,9 @@ pub mod sequence;
 pub mod tokenizer;
 
 pub use chat_template::{ChatTemplate, TemplateMessage};
-pub use engine::{Engine, EngineConfig, EngineStats, ModelInfo};
+pub use engine::{Engine, EngineConfig, EngineStats, ModelInfo, default_kv_cache_bytes};
 pub use output::{Delta, Generation};
-pub use request::{SeqEvent, ValidRequest};
+pub use request::{GenerateRequest, SeqEvent, ValidRequest};
 pub use sampler::{Sampled, TokenLogprob};
+pub use scheduler::{SchedulerConfig, SchedulingPolicy};
 pub use tokenizer::Tokenizer;

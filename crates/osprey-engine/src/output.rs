@@ -109,7 +109,7 @@ impl Generation {
 impl Engine {
     /// Submits a validated request and returns its output stream.
     pub fn generate(&self, request: crate::ValidRequest) -> Result<Generation, Error> {
-        let stop = request.params.stop.clone();
+        let stop = request.request().params.stop.clone();
         let events = self.submit(request)?;
         Ok(Generation::new(self.clone(), events, &stop))
     }

@@ -1,21 +1,51 @@
 //! What crosses between request handlers and the engine thread.
 
-use osprey_core::{Error, FinishReason, SamplingParams};
+use osprey_core::{Error, FinishReason, Priority, SamplingParams};
 
 use crate::sampler::{Sampled, TokenLogprob};
 
-/// A request checked against the model: token ids inside the vocabulary, prompt and
-/// `max_tokens` inside the context window. Built by [`Engine::validate`](crate::Engine::validate).
+/// A request for one sequence, before it is checked against the model.
 #[derive(Clone, Debug)]
-pub struct ValidRequest {
-    /// Prompt token ids (non-empty).
+pub struct GenerateRequest {
+    /// Prompt token ids.
     pub prompt: Vec<u32>,
-    /// Decoding options; `max_tokens` already capped to the context window.
+    /// Decoding options; `max_tokens == usize::MAX` means "as many as the context allows".
     pub params: SamplingParams,
     /// Whether to return the prompt tokens' log-probabilities (`echo` with `logprobs`).
     pub prompt_logprobs: bool,
     /// Seed of this sequence's sampler.
     pub seed: u64,
+    /// Scheduling class.
+    pub priority: Priority,
+    /// Separates prefix-cache entries: sequences share cached KV only with the same salt.
+    pub cache_salt: String,
+}
+
+impl GenerateRequest {
+    /// A request with default options besides the prompt and sampling parameters.
+    pub fn new(prompt: Vec<u32>, params: SamplingParams) -> Self {
+        Self {
+            prompt,
+            params,
+            prompt_logprobs: false,
+            seed: 0,
+            priority: Priority::Interactive,
+            cache_salt: String::new(),
+        }
+    }
+}
+
+/// A request checked against the model: token ids inside the vocabulary, prompt and
+/// `max_tokens` inside the context window. Only [`Engine::validate`](crate::Engine::validate)
+/// makes one.
+#[derive(Clone, Debug)]
+pub struct ValidRequest(pub(crate) GenerateRequest);
+
+impl ValidRequest {
+    /// The checked request.
+    pub fn request(&self) -> &GenerateRequest {
+        &self.0
+    }
 }
 
 /// What the engine reports about one sequence, in order.

@@ -1,25 +1,65 @@
 //! Which sequences run in the next step, and how many of their tokens.
 //!
-//! Continuous batching with chunked prefill: every step, running sequences get one decode
-//! token each (or the next chunk of their prompt), then waiting sequences are admitted in
-//! arrival order while the step's token budget and sequence cap allow and the KV pool has
-//! blocks. When a running sequence cannot get a block, the newest running sequence is
-//! preempted: its blocks are freed and it goes back to the front of the queue, to be
-//! recomputed later (vLLM's recompute preemption).
+//! Continuous batching with chunked prefill. Each step, in order:
+//! 1. If interactive work is waiting and there is no seat or no KV memory for it, running batch
+//!    sequences are preempted (newest first) to make room.
+//! 2. Running sequences, interactive first then by arrival, each get one decode token or the next
+//!    chunk of their prompt, within the step's token budget. While interactive work exists, batch
+//!    prefills advance by at most `batch_prefill_chunk` tokens a step, so interactive decodes are
+//!    never held behind a long batch prompt. A sequence that cannot get a KV block preempts the
+//!    lowest-priority, newest running sequence.
+//! 3. Waiting sequences are admitted — interactive first, except that a batch request older than
+//!    `starvation_timeout` counts as interactive — reusing cached prefixes, while the budget, the
+//!    sequence cap and the KV pool allow.
+//!
+//! Preemption is by recompute (vLLM's default): the victim's blocks are freed and it returns to
+//! the front of its queue; on resumption its tokens are recomputed (often from the prefix cache)
+//! and generation continues exactly where it stopped. With the `fcfs` policy every request is in
+//! one class, which reduces all of the above to first come, first served.
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
-use osprey_core::FinishReason;
+use osprey_core::{FinishReason, Priority};
 
+use crate::kv::SharedKvCacheManager;
 use crate::sequence::Sequence;
 
-/// Limits on one step.
+/// How requests are ordered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SchedulingPolicy {
+    /// Interactive before batch, with anti-starvation.
+    #[default]
+    Priority,
+    /// Arrival order only.
+    Fcfs,
+}
+
+/// Limits and policy of the scheduler.
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
     /// Most tokens (prefill and decode together) in one forward pass.
     pub max_num_batched_tokens: usize,
     /// Most sequences in one forward pass.
     pub max_num_seqs: usize,
+    /// Ordering policy.
+    pub policy: SchedulingPolicy,
+    /// A batch request waiting or running longer than this is treated as interactive.
+    pub starvation_timeout: Duration,
+    /// Most prompt tokens a batch sequence prefills per step while interactive work exists.
+    pub batch_prefill_chunk: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_num_batched_tokens: 512,
+            max_num_seqs: 32,
+            policy: SchedulingPolicy::Priority,
+            starvation_timeout: Duration::from_secs(30),
+            batch_prefill_chunk: 64,
+        }
+    }
 }
 
 /// A sequence's share of the next step.
@@ -36,43 +76,50 @@ pub struct ScheduledSeq {
 pub struct SchedulerOutput {
     /// Scheduled sequences.
     pub scheduled: Vec<ScheduledSeq>,
-    /// Sequences that can never run (they need more KV than the pool has), to be failed.
+    /// Sequences that can never run again (they alone need more KV than the pool has).
     pub ended: Vec<(Sequence, FinishReason)>,
 }
 
 /// Waiting and running sequences.
 pub struct Scheduler {
     config: SchedulerConfig,
-    waiting: VecDeque<Sequence>,
+    kv: SharedKvCacheManager,
+    /// Waiting sequences, interactive and batch, each in arrival order (preempted sequences
+    /// re-enter at the front).
+    waiting: [VecDeque<Sequence>; 2],
     running: Vec<Sequence>,
+    preemptions: u64,
 }
 
 impl Scheduler {
-    /// An idle scheduler.
-    pub fn new(config: SchedulerConfig) -> Self {
+    /// An idle scheduler drawing KV blocks from `kv`.
+    pub fn new(config: SchedulerConfig, kv: SharedKvCacheManager) -> Self {
         Self {
             config,
-            waiting: VecDeque::new(),
+            kv,
+            waiting: [VecDeque::new(), VecDeque::new()],
             running: Vec::new(),
+            preemptions: 0,
         }
     }
 
     /// Queues a new sequence.
     pub fn add(&mut self, seq: Sequence) {
-        self.waiting.push_back(seq);
+        let q = self.queue_of(&seq);
+        self.waiting[q].push_back(seq);
     }
 
     /// Whether anything is queued or running.
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+        self.num_waiting() > 0 || !self.running.is_empty()
     }
 
     /// Sequences waiting for admission.
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting[0].len() + self.waiting[1].len()
     }
 
-    /// Running sequences, in admission order.
+    /// Running sequences, in the order of the last plan.
     pub fn running(&self) -> &[Sequence] {
         &self.running
     }
@@ -82,12 +129,19 @@ impl Scheduler {
         &mut self.running
     }
 
+    /// Preemptions so far.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
     /// Drops sequences whose clients have gone (their blocks return to the pool).
     pub fn remove_cancelled(&mut self) -> usize {
-        let before = self.waiting.len() + self.running.len();
-        self.waiting.retain(|s| !s.is_cancelled());
+        let before = self.num_waiting() + self.running.len();
+        for q in &mut self.waiting {
+            q.retain(|s| !s.is_cancelled());
+        }
         self.running.retain(|s| !s.is_cancelled());
-        before - self.waiting.len() - self.running.len()
+        before - self.num_waiting() - self.running.len()
     }
 
     /// Removes and returns the running sequences for which `done` is true.
@@ -99,29 +153,99 @@ impl Scheduler {
         finished
     }
 
+    /// Which waiting queue a sequence belongs to.
+    fn queue_of(&self, seq: &Sequence) -> usize {
+        match (self.config.policy, seq.priority) {
+            (SchedulingPolicy::Priority, Priority::Batch) => 1,
+            _ => 0,
+        }
+    }
+
+    /// 0 for interactive (or starving batch) work, 1 for batch.
+    fn class(&self, seq: &Sequence, now: Instant) -> usize {
+        let aged = now.saturating_duration_since(seq.arrival) >= self.config.starvation_timeout;
+        if self.queue_of(seq) == 1 && !aged {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// The waiting queue to admit from next.
+    fn next_queue(&self, now: Instant) -> Option<usize> {
+        match (self.waiting[0].front(), self.waiting[1].front()) {
+            (None, None) => None,
+            (Some(_), None) => Some(0),
+            (None, Some(_)) => Some(1),
+            (Some(i), Some(b)) => Some(if self.class(b, now) == 0 && b.arrival < i.arrival {
+                1
+            } else {
+                0
+            }),
+        }
+    }
+
+    fn preempt(&mut self, mut seq: Sequence) {
+        tracing::debug!(seq = seq.id, tokens = seq.tokens.len(), "preempted");
+        seq.block_table.release();
+        seq.num_computed = 0;
+        self.preemptions += 1;
+        let q = self.queue_of(&seq);
+        self.waiting[q].push_front(seq);
+    }
+
+    /// Tokens `seq` may compute this step from a budget of `budget`.
+    fn chunk(
+        &self,
+        seq: &Sequence,
+        budget: usize,
+        class: usize,
+        interactive_active: bool,
+    ) -> usize {
+        let mut n = seq.uncomputed().min(budget);
+        if class == 1 && interactive_active && seq.uncomputed() > 1 {
+            n = n.min(self.config.batch_prefill_chunk.max(1));
+        }
+        n
+    }
+
     /// Plans the next step.
     pub fn schedule(&mut self) -> SchedulerOutput {
+        let now = Instant::now();
         let mut out = SchedulerOutput::default();
+        let mut running = std::mem::take(&mut self.running);
+        running.sort_by_key(|s| (self.class(s, now), s.arrival));
+        self.running = running;
+        self.make_room_for_interactive(now);
+
+        let interactive_active = self.running.iter().any(|s| self.class(s, now) == 0)
+            || self.next_queue(now).is_some_and(|q| {
+                self.waiting[q]
+                    .front()
+                    .is_some_and(|s| self.class(s, now) == 0)
+            });
         let mut budget = self.config.max_num_batched_tokens;
 
-        // Running sequences first, oldest first: they hold KV and users are waiting on them.
+        // Running sequences, most urgent first.
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
-            let n = self.running[i].uncomputed().min(budget);
+            let class = self.class(&self.running[i], now);
+            let n = self.chunk(&self.running[i], budget, class, interactive_active);
             let need = self.running[i].num_computed + n;
-            while !self.running[i].block_table.reserve(need) {
-                if self.running.len() - 1 > i {
-                    let mut victim = self.running.pop().expect("non-empty");
-                    preempt(&mut victim);
-                    self.waiting.push_front(victim);
-                } else {
-                    break;
-                }
+            let mut ok = self.running[i].block_table.reserve(need);
+            while !ok && self.running.len() - 1 > i {
+                let victim = self.running.pop().expect("non-empty");
+                self.preempt(victim);
+                ok = self.running[i].block_table.reserve(need);
             }
-            if self.running[i].block_table.blocks().len() * osprey_models::BLOCK_SIZE < need {
-                // Alone and still out of blocks: this sequence cannot grow any further.
+            if !ok {
                 let seq = self.running.remove(i);
-                out.ended.push((seq, FinishReason::Length));
+                if self.running.is_empty() {
+                    // Alone and still out of blocks: it can never grow.
+                    out.ended.push((seq, FinishReason::Length));
+                } else {
+                    self.preempt(seq);
+                }
                 continue;
             }
             out.scheduled.push(ScheduledSeq {
@@ -132,40 +256,68 @@ impl Scheduler {
             i += 1;
         }
 
-        // Then admit waiting sequences in arrival order.
+        // Admission.
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(seq) = self.waiting.front_mut() else {
-                break;
-            };
-            let n = seq.uncomputed().min(budget);
+            let Some(q) = self.next_queue(now) else { break };
+            let class = self.class(&self.waiting[q][0], now);
+            let seq = self.waiting[q].front_mut().expect("non-empty");
+            if seq.num_computed == 0 && seq.prefix_cacheable {
+                seq.num_computed = seq.block_table.match_prefix(&seq.tokens);
+            }
+            let n = self.chunk(&self.waiting[q][0], budget, class, interactive_active);
+            let seq = self.waiting[q].front_mut().expect("non-empty");
             if !seq.block_table.reserve(seq.num_computed + n) {
+                // Give back any prefix blocks it took; try again next step.
+                seq.block_table.release();
+                seq.num_computed = 0;
                 if self.running.is_empty() && out.scheduled.is_empty() {
-                    // Nothing will ever free a block for it.
-                    let seq = self.waiting.pop_front().expect("non-empty");
+                    let seq = self.waiting[q].pop_front().expect("non-empty");
                     out.ended.push((seq, FinishReason::Length));
                     continue;
                 }
                 break;
             }
-            let seq = self.waiting.pop_front().expect("non-empty");
+            let seq = self.waiting[q].pop_front().expect("non-empty");
+            self.running.push(seq);
             out.scheduled.push(ScheduledSeq {
-                index: self.running.len(),
+                index: self.running.len() - 1,
                 n_tokens: n,
             });
-            self.running.push(seq);
             budget -= n;
         }
         out
     }
-}
 
-/// Frees a sequence's KV so it can be recomputed from its tokens later.
-fn preempt(seq: &mut Sequence) {
-    tracing::debug!(
-        seq = seq.id,
-        tokens = seq.tokens.len(),
-        "preempted: out of KV blocks"
-    );
-    seq.block_table.release();
-    seq.num_computed = 0;
+    /// Preempts running batch sequences (newest first) while interactive work waits for a seat
+    /// or for the KV blocks of its first chunk.
+    fn make_room_for_interactive(&mut self, now: Instant) {
+        if self.config.policy == SchedulingPolicy::Fcfs {
+            return;
+        }
+        let Some(q) = self.next_queue(now) else {
+            return;
+        };
+        let head = &self.waiting[q][0];
+        if self.class(head, now) != 0 {
+            return;
+        }
+        let first_chunk = head.uncomputed().min(self.config.max_num_batched_tokens);
+        let needed_blocks = head
+            .block_table
+            .blocks_needed(head.num_computed + first_chunk);
+        loop {
+            let no_seat = self.running.len() >= self.config.max_num_seqs;
+            let no_memory = self.kv.borrow().num_free_blocks() < needed_blocks;
+            if !(no_seat || no_memory) {
+                return;
+            }
+            match self.running.iter().rposition(|s| self.class(s, now) == 1) {
+                Some(v) => {
+                    let victim = self.running.remove(v);
+                    self.preempt(victim);
+                }
+                None => return,
+            }
+        }
+    }
 }

@@ -2,9 +2,9 @@
 
 use std::time::Instant;
 
-use osprey_core::FinishReason;
+use osprey_core::{FinishReason, Priority};
 
-use crate::block_allocator::BlockTable;
+use crate::kv::BlockTable;
 use crate::request::{EventSender, SeqEvent};
 use crate::sampler::Sampler;
 
@@ -22,6 +22,11 @@ pub struct Sequence {
     pub block_table: BlockTable,
     /// Chooses the next token.
     pub sampler: Sampler,
+    /// Scheduling class.
+    pub priority: Priority,
+    /// Whether the prefix cache may supply this sequence's leading tokens (not when the
+    /// prompt's log-probabilities are wanted: cached positions have no logits).
+    pub prefix_cacheable: bool,
     /// Prompt positions whose log-probabilities have been sent (when asked for); survives
     /// preemption so a recomputed prompt is not reported twice.
     pub prompt_logprobs_sent: Option<usize>,
@@ -31,7 +36,7 @@ pub struct Sequence {
     pub end_tokens: Vec<u32>,
     /// Where events go.
     pub events: EventSender,
-    /// When the request reached the engine.
+    /// When the request reached the engine (the order of `fcfs`, and anti-starvation).
     pub arrival: Instant,
     /// Set when the last step ended the sequence.
     pub finish: Option<FinishReason>,

@@ -2,7 +2,7 @@
 //! that batching never changes a sequence's tokens.
 
 use osprey_core::SamplingParams;
-use osprey_engine::{Engine, Generation, Sampled, TemplateMessage};
+use osprey_engine::{Engine, GenerateRequest, Generation, Sampled, TemplateMessage};
 use osprey_testkit::{golden, shared_engine};
 
 #[test]
@@ -64,7 +64,11 @@ fn greedy(max_tokens: usize, top: usize) -> SamplingParams {
 /// Submits a request (at once) and returns its output stream.
 fn start(engine: &Engine, prompt: Vec<u32>, params: SamplingParams) -> Generation {
     engine
-        .generate(engine.validate(prompt, params, false, 0).unwrap())
+        .generate(
+            engine
+                .validate(GenerateRequest::new(prompt, params))
+                .unwrap(),
+        )
         .unwrap()
 }
 

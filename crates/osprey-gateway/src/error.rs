@@ -50,7 +50,13 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = status.as_u16(), error = %self.0.message, "request rejected");
         }
-        (status, axum::Json(error_body(&self.0))).into_response()
+        let mut response = (status, axum::Json(error_body(&self.0))).into_response();
+        if let Some(secs) = self.0.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }
 

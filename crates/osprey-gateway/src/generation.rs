@@ -9,30 +9,31 @@ use futures_util::Stream;
 use futures_util::stream::{self, StreamExt};
 use osprey_core::api::{ChatTokenLogprob, CompletionLogprobs, TopLogprob};
 use osprey_core::metrics as names;
-use osprey_core::{Error, SamplingParams};
-use osprey_engine::{Delta, Engine, Generation, TokenLogprob, Tokenizer};
+use osprey_core::{Error, ErrorKind, Priority};
+use osprey_engine::{Delta, Engine, GenerateRequest, Generation, TokenLogprob, Tokenizer};
 
 /// A stream of `(choice index, delta)` from several generations, as they arrive.
 pub type Deltas = Pin<Box<dyn Stream<Item = (usize, Result<Delta, Error>)> + Send>>;
 
-/// Starts `n` choices of `prompt`, numbered from `first_index`. Each gets its own seed:
-/// the request's seed plus the choice's number, or a random one.
+/// Starts `n` choices of `request`, numbered from `first_index`. Each gets its own seed: the
+/// request's seed plus the choice's number, or a random one.
 pub fn start_choices(
     engine: &Engine,
-    prompt: &[u32],
-    params: &SamplingParams,
+    request: &GenerateRequest,
     n: usize,
     first_index: usize,
-    prompt_logprobs: bool,
 ) -> Result<Vec<(usize, Generation)>, Error> {
     (0..n)
         .map(|i| {
-            let seed = params
-                .seed
-                .map_or_else(rand::random, |s| s.wrapping_add(i as u64));
-            let request =
-                engine.validate(prompt.to_vec(), params.clone(), prompt_logprobs, seed)?;
-            Ok((first_index + i, engine.generate(request)?))
+            let mut choice = request.clone();
+            let seed = request.params.seed;
+            choice.seed = seed.map_or_else(rand::random, |s| s.wrapping_add(i as u64));
+            let generation = engine.generate(engine.validate(choice)?).inspect_err(|e| {
+                if e.kind == ErrorKind::Unavailable {
+                    metrics::counter!(names::REJECTED_OVERLOADED).increment(1);
+                }
+            })?;
+            Ok((first_index + i, generation))
         })
         .collect()
 }
@@ -50,18 +51,21 @@ pub fn merge(choices: Vec<(usize, Generation)>) -> Deltas {
     stream::select_all(streams).boxed()
 }
 
-/// Latency metrics of one request: time to first token, time per output token, end to end.
+/// Latency metrics of one request: time to first token, time per output token, end to end,
+/// labelled by model and priority.
 pub struct RequestTimer {
     model: String,
+    priority: &'static str,
     start: Instant,
     last_token: Option<Instant>,
 }
 
 impl RequestTimer {
-    /// Starts timing a request for `model`.
-    pub fn new(model: &str) -> Self {
+    /// Starts timing a request for `model` at `priority`.
+    pub fn new(model: &str, priority: Priority) -> Self {
         Self {
             model: model.to_owned(),
+            priority: priority.as_str(),
             start: Instant::now(),
             last_token: None,
         }
@@ -70,11 +74,14 @@ impl RequestTimer {
     /// Records a generated token.
     pub fn token(&mut self) {
         let now = Instant::now();
-        let model = self.model.clone();
+        let labels = [
+            ("model", self.model.clone()),
+            ("priority", self.priority.to_owned()),
+        ];
         match self.last_token {
-            None => metrics::histogram!(names::TIME_TO_FIRST_TOKEN, "model" => model)
+            None => metrics::histogram!(names::TIME_TO_FIRST_TOKEN, &labels)
                 .record((now - self.start).as_secs_f64()),
-            Some(prev) => metrics::histogram!(names::TIME_PER_OUTPUT_TOKEN, "model" => model)
+            Some(prev) => metrics::histogram!(names::TIME_PER_OUTPUT_TOKEN, &labels)
                 .record((now - prev).as_secs_f64()),
         }
         self.last_token = Some(now);
@@ -82,9 +89,12 @@ impl RequestTimer {
 
     /// Records the end of a request and its token counts.
     pub fn finish(&self, prompt_tokens: usize, completion_tokens: usize) {
+        let labels = [
+            ("model", self.model.clone()),
+            ("priority", self.priority.to_owned()),
+        ];
+        metrics::histogram!(names::E2E_LATENCY, &labels).record(self.start.elapsed().as_secs_f64());
         let model = self.model.clone();
-        metrics::histogram!(names::E2E_LATENCY, "model" => model.clone())
-            .record(self.start.elapsed().as_secs_f64());
         metrics::counter!(names::PROMPT_TOKENS, "model" => model.clone())
             .increment(prompt_tokens as u64);
         metrics::counter!(names::GENERATION_TOKENS, "model" => model)

@@ -28,14 +28,16 @@ pub fn default_model() -> PathBuf {
 pub fn shared_engine() -> Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE
-        .get_or_init(|| {
-            let config = EngineConfig {
-                kv_cache_bytes: 256 << 20,
-                ..EngineConfig::default()
-            };
-            Engine::load(&default_model(), config).expect("loading the default model")
-        })
+        .get_or_init(|| engine(EngineConfig::default()))
         .clone()
+}
+
+/// A new engine over the default model (256 MiB of KV cache unless `config` says otherwise).
+pub fn engine(mut config: EngineConfig) -> Engine {
+    if config.kv_cache_bytes == EngineConfig::default().kv_cache_bytes {
+        config.kv_cache_bytes = 256 << 20;
+    }
+    Engine::load(&default_model(), config).expect("loading the default model")
 }
 
 /// llama.cpp's outputs on the default model (see `data/golden/README.md`).

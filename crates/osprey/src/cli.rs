@@ -52,9 +52,25 @@ pub struct ServeArgs {
     /// Name clients put in `model` (default: the model's file name, or `smollm2-135m-instruct`).
     #[arg(long, env = "OSPREY_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
-    /// KV cache size, e.g. `1GiB`, `512MiB` or bytes.
-    #[arg(long, env = "OSPREY_KV_CACHE_MEMORY", default_value = "1GiB", value_parser = parse_bytes)]
-    pub kv_cache_memory: usize,
+    /// KV cache size, e.g. `1GiB`, `512MiB` or bytes (default: a tenth of RAM, 256 MiB–4 GiB;
+    /// memory becomes resident only as it is used).
+    #[arg(long, env = "OSPREY_KV_CACHE_MEMORY", value_parser = parse_bytes)]
+    pub kv_cache_memory: Option<usize>,
+    /// Turn off reuse of cached prompt prefixes across requests.
+    #[arg(long, env = "OSPREY_NO_PREFIX_CACHING")]
+    pub no_prefix_caching: bool,
+    /// `priority` (interactive before batch) or `fcfs` (arrival order).
+    #[arg(long, env = "OSPREY_SCHEDULING_POLICY", default_value = "priority", value_parser = ["priority", "fcfs"])]
+    pub scheduling_policy: String,
+    /// Sequences that may wait for admission; more requests get 503 with `retry-after`.
+    #[arg(long, env = "OSPREY_MAX_WAITING", default_value_t = 256)]
+    pub max_waiting: usize,
+    /// Most prompt tokens a batch request prefills per step while interactive work runs.
+    #[arg(long, env = "OSPREY_BATCH_PREFILL_CHUNK", default_value_t = 64)]
+    pub batch_prefill_chunk: usize,
+    /// Seconds after which a waiting batch request is treated as interactive.
+    #[arg(long, env = "OSPREY_STARVATION_TIMEOUT", default_value_t = 30.0)]
+    pub starvation_timeout: f64,
     /// Most sequences in one forward pass.
     #[arg(long, env = "OSPREY_MAX_NUM_SEQS", default_value_t = 32)]
     pub max_num_seqs: usize,

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use osprey_engine::{Engine, EngineConfig};
+use osprey_engine::{Engine, EngineConfig, SchedulerConfig, SchedulingPolicy};
 use osprey_gateway::{AppState, HttpConfig};
 use osprey_models::DEFAULT_MODEL;
 
@@ -24,6 +24,31 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(serve(args, path, name))
 }
 
+/// The engine's configuration from the command line.
+pub fn engine_config(args: &ServeArgs) -> EngineConfig {
+    EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: args.max_num_batched_tokens,
+            max_num_seqs: args.max_num_seqs,
+            policy: match args.scheduling_policy.as_str() {
+                "fcfs" => SchedulingPolicy::Fcfs,
+                _ => SchedulingPolicy::Priority,
+            },
+            starvation_timeout: std::time::Duration::from_secs_f64(
+                args.starvation_timeout.max(0.0),
+            ),
+            batch_prefill_chunk: args.batch_prefill_chunk,
+        },
+        kv_cache_bytes: args
+            .kv_cache_memory
+            .unwrap_or_else(osprey_engine::default_kv_cache_bytes),
+        prefix_caching: !args.no_prefix_caching,
+        max_waiting: args.max_waiting,
+        threads: args.threads,
+        max_model_len: args.max_model_len,
+    }
+}
+
 fn model_name_from_path(path: &std::path::Path) -> String {
     path.file_stem()
         .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
@@ -35,13 +60,7 @@ async fn serve(args: ServeArgs, path: PathBuf, name: String) -> anyhow::Result<(
         .await
         .with_context(|| format!("binding {addr}"))?;
     let state = AppState::new(&name);
-    let config = EngineConfig {
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        max_num_seqs: args.max_num_seqs,
-        kv_cache_bytes: args.kv_cache_memory,
-        threads: args.threads,
-        max_model_len: args.max_model_len,
-    };
+    let config = engine_config(&args);
     let loading = state.clone();
     let load_path = path.clone();
     tokio::task::spawn_blocking(move || match Engine::load(&load_path, config) {

@@ -21,6 +21,9 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     /// Alternatives per token to return with `logprobs`, 0 to 20.
     pub top_logprobs: Option<i64>,
+    /// Osprey's extensions (`{"osprey": {"priority": "batch"}}`).
+    #[serde(default)]
+    pub osprey: Option<super::common::OspreyOptions>,
     /// Sampling and streaming options (parsed from the same body by
     /// [`parse_request`](super::parse_request)).
     #[serde(skip)]

@@ -198,6 +198,22 @@ fn range(param: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
     }
 }
 
+/// Osprey's own request options, in the `osprey` object of a request body.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct OspreyOptions {
+    /// `interactive` (default) or `batch`.
+    #[serde(default)]
+    pub priority: Option<crate::sampling::Priority>,
+}
+
+/// The priority a request asks for (interactive when it says nothing).
+pub fn priority_of(options: &Option<OspreyOptions>) -> crate::sampling::Priority {
+    options
+        .as_ref()
+        .and_then(|o| o.priority)
+        .unwrap_or_default()
+}
+
 /// Token counts of a request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {

@@ -22,6 +22,9 @@ pub struct CompletionRequest {
     pub echo: bool,
     /// Return log-probabilities with this many alternatives per token, 0 to 20.
     pub logprobs: Option<i64>,
+    /// Osprey's extensions (`{"osprey": {"priority": "batch"}}`).
+    #[serde(default)]
+    pub osprey: Option<super::common::OspreyOptions>,
     /// Sampling and streaming options (parsed from the same body by
     /// [`parse_request`](super::parse_request)).
     #[serde(skip)]

@@ -5,11 +5,12 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use osprey_core::Error;
+use osprey_core::api::priority_of;
 use osprey_core::api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChatDelta, ChatLogprobs, Usage,
 };
-use osprey_engine::{Engine, TemplateMessage};
+use osprey_engine::{Engine, GenerateRequest, TemplateMessage};
 
 use super::{async_stream, done_event, json_event, new_id, stream_response};
 use crate::error::{ApiError, JsonBody};
@@ -38,11 +39,14 @@ pub async fn chat_completions(
     let prompt = engine
         .tokenizer()
         .encode(&engine.render_chat(&messages)?, true);
-    let choices = start_choices(&engine, &prompt, &params, n, 0, false).map_err(|e| {
-        match e.param.as_deref() {
-            Some("prompt") => e.with_param("messages"),
-            _ => e,
-        }
+    let priority = priority_of(&req.osprey);
+    let request = GenerateRequest {
+        priority,
+        ..GenerateRequest::new(prompt.clone(), params.clone())
+    };
+    let choices = start_choices(&engine, &request, n, 0).map_err(|e| match e.param.as_deref() {
+        Some("prompt") => e.with_param("messages"),
+        _ => e,
     })?;
     let ctx = ChatContext {
         id: new_id("chatcmpl"),
@@ -51,7 +55,7 @@ pub async fn chat_completions(
         engine,
         prompt_tokens: prompt.len(),
         logprobs: params.logprobs.is_some(),
-        timer: RequestTimer::new(&req.model),
+        timer: RequestTimer::new(&req.model, priority),
     };
     let deltas = merge(choices);
     if req.sampling.streaming() {

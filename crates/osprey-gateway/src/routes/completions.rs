@@ -4,11 +4,12 @@ use axum::extract::State;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
+use osprey_core::api::priority_of;
 use osprey_core::api::{
     Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Prompt, Usage,
 };
 use osprey_core::{Error, FinishReason};
-use osprey_engine::{Delta, Engine};
+use osprey_engine::{Delta, Engine, GenerateRequest};
 
 use super::{async_stream, done_event, json_event, new_id, stream_response};
 use crate::error::{ApiError, JsonBody};
@@ -44,16 +45,15 @@ pub async fn completions(
         })
         .collect();
     let prompt_logprobs = req.echo && params.logprobs.is_some();
+    let priority = priority_of(&req.osprey);
     let mut choices = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
-        choices.extend(start_choices(
-            &engine,
-            &p.ids,
-            &params,
-            n,
-            i * n,
+        let request = GenerateRequest {
             prompt_logprobs,
-        )?);
+            priority,
+            ..GenerateRequest::new(p.ids.clone(), params.clone())
+        };
+        choices.extend(start_choices(&engine, &request, n, i * n)?);
     }
     let ctx = CompletionContext {
         id: new_id("cmpl"),
@@ -67,7 +67,7 @@ pub async fn completions(
             .map(|p| ChoiceState::new(p, req.echo))
             .collect(),
         top_logprobs: params.logprobs,
-        timer: RequestTimer::new(&req.model),
+        timer: RequestTimer::new(&req.model, priority),
     };
     let deltas = merge(choices);
     if req.sampling.streaming() {

@@ -1,0 +1,319 @@
+//! The engine thread: one step after another — schedule, one forward pass, sample, report.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use osprey_core::metrics as names;
+use osprey_core::{Error, FinishReason};
+use osprey_models::{BatchSeq, ForwardBatch, ForwardScratch, KvCache, LlamaModel, LogitsWanted};
+use rayon::prelude::*;
+
+use crate::engine::EngineStats;
+use crate::kv::{BlockTable, KvCacheCounters, KvCacheManager, SharedKvCacheManager};
+use crate::request::{EventSender, SeqEvent, ValidRequest};
+use crate::sampler::{Sampled, Sampler, TokenLogprob, log_sum_exp, top_n};
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::sequence::Sequence;
+
+/// Messages from request handlers to the engine thread.
+pub enum Command {
+    /// A new sequence and where its events go.
+    Add(Box<ValidRequest>, EventSender),
+}
+
+/// What the engine thread is built from.
+pub struct LoopSetup {
+    pub model: LlamaModel,
+    pub kv: KvCache,
+    pub scheduler: SchedulerConfig,
+    pub prefix_caching: bool,
+    pub pool: rayon::ThreadPool,
+    pub end_tokens: Vec<u32>,
+    pub max_model_len: usize,
+    pub stats: Arc<EngineStats>,
+}
+
+/// State owned by the engine thread.
+pub struct EngineLoop {
+    model: LlamaModel,
+    kv: KvCache,
+    kv_manager: SharedKvCacheManager,
+    scheduler: Scheduler,
+    scratch: ForwardScratch,
+    pool: rayon::ThreadPool,
+    end_tokens: Vec<u32>,
+    max_model_len: usize,
+    next_id: u64,
+    stats: Arc<EngineStats>,
+    /// Counters already exported to metrics (they are exported as deltas).
+    exported: (KvCacheCounters, u64),
+}
+
+impl EngineLoop {
+    /// Builds the loop's state (on the engine thread: the KV bookkeeping is not `Send`).
+    pub fn new(s: LoopSetup) -> Self {
+        let kv_manager = KvCacheManager::new(s.kv.num_blocks(), s.prefix_caching);
+        Self {
+            scheduler: Scheduler::new(s.scheduler, kv_manager.clone()),
+            kv_manager,
+            model: s.model,
+            kv: s.kv,
+            scratch: ForwardScratch::default(),
+            pool: s.pool,
+            end_tokens: s.end_tokens,
+            max_model_len: s.max_model_len,
+            next_id: 0,
+            stats: s.stats,
+            exported: Default::default(),
+        }
+    }
+
+    /// Runs until every [`Engine`](crate::Engine) handle is dropped.
+    pub fn run(mut self, commands: mpsc::Receiver<Command>) {
+        loop {
+            if !self.scheduler.has_work() {
+                match commands.recv() {
+                    Ok(cmd) => self.accept(cmd),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(cmd) = commands.try_recv() {
+                self.accept(cmd);
+            }
+            self.scheduler.remove_cancelled();
+            // A panic here is a bug; fail the step's sequences rather than the whole server.
+            let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step()));
+            if step.is_err() {
+                tracing::error!("engine step panicked; failing its sequences");
+                for seq in self.scheduler.take_running(|_| true) {
+                    seq.send(SeqEvent::Failed(Error::internal(
+                        "the engine failed while computing this request",
+                    )));
+                }
+            }
+            self.publish_stats();
+        }
+    }
+
+    fn accept(&mut self, Command::Add(req, events): Command) {
+        self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+        let req = req.0;
+        let end_tokens = if req.params.ignore_eos {
+            Vec::new()
+        } else {
+            self.end_tokens.clone()
+        };
+        let mut enders = end_tokens.clone();
+        enders.extend(&req.params.stop_token_ids);
+        self.next_id += 1;
+        self.scheduler.add(Sequence {
+            id: self.next_id,
+            prompt_len: req.prompt.len(),
+            sampler: Sampler::new(req.params, req.seed, &req.prompt, enders),
+            tokens: req.prompt,
+            num_computed: 0,
+            block_table: BlockTable::new(self.kv_manager.clone(), &req.cache_salt),
+            priority: req.priority,
+            prefix_cacheable: !req.prompt_logprobs,
+            prompt_logprobs_sent: req.prompt_logprobs.then_some(0),
+            max_len: self.max_model_len,
+            end_tokens,
+            events,
+            arrival: Instant::now(),
+            finish: None,
+        });
+    }
+
+    fn step(&mut self) {
+        let start = Instant::now();
+        let plan = self.scheduler.schedule();
+        for (seq, reason) in plan.ended {
+            seq.send(SeqEvent::Finished(reason));
+        }
+        if plan.scheduled.is_empty() {
+            return;
+        }
+
+        // The batch: each scheduled sequence's next tokens, and which logits it needs.
+        let running = self.scheduler.running();
+        let mut tokens = Vec::new();
+        let mut seqs = Vec::with_capacity(plan.scheduled.len());
+        for s in &plan.scheduled {
+            let seq = &running[s.index];
+            let start = seq.num_computed;
+            tokens.extend_from_slice(&seq.tokens[start..start + s.n_tokens]);
+            let logits = if !prompt_positions(seq, s.n_tokens).is_empty() {
+                LogitsWanted::All
+            } else if start + s.n_tokens == seq.tokens.len() {
+                LogitsWanted::Last
+            } else {
+                LogitsWanted::None
+            };
+            seqs.push(BatchSeq {
+                n_tokens: s.n_tokens,
+                start_pos: start,
+                block_table: seq.block_table.blocks(),
+                logits,
+            });
+        }
+        let (model, kv, scratch) = (&self.model, &mut self.kv, &mut self.scratch);
+        let batch = ForwardBatch {
+            tokens: &tokens,
+            seqs: &seqs,
+        };
+        let logits = self.pool.install(|| model.forward(&batch, kv, scratch));
+        metrics::histogram!(names::BATCH_TOKENS).record(tokens.len() as f64);
+        metrics::histogram!(names::BATCH_SEQUENCES).record(seqs.len() as f64);
+        let kinds: Vec<LogitsWanted> = seqs.iter().map(|s| s.logits).collect();
+
+        // Hand each sequence its rows of logits, then score prompts and sample in parallel.
+        let vocab = self.model.config().vocab_size;
+        let mut rest: &mut [f32] = logits;
+        let mut work = Vec::with_capacity(plan.scheduled.len());
+        let mut next = plan.scheduled.iter().zip(&kinds).peekable();
+        for (index, seq) in self.scheduler.running_mut().iter_mut().enumerate() {
+            let Some(&(s, &kind)) = next.peek() else {
+                break;
+            };
+            if s.index != index {
+                continue;
+            }
+            next.next();
+            let n_rows = match kind {
+                LogitsWanted::None => 0,
+                LogitsWanted::Last => 1,
+                LogitsWanted::All => s.n_tokens,
+            };
+            let (rows, tail) = std::mem::take(&mut rest).split_at_mut(n_rows * vocab);
+            rest = tail;
+            let targets = prompt_positions(seq, s.n_tokens)
+                .map(|q| (q > 0).then(|| (seq.tokens[q], q - 1 - seq.num_computed)))
+                .collect();
+            let top = seq.sampler.params().logprobs.unwrap_or(0);
+            let completes = seq.num_computed + s.n_tokens == seq.tokens.len();
+            let samples = completes && seq.sampler.params().max_tokens > 0;
+            work.push(StepWork {
+                rows,
+                targets,
+                top,
+                sampler: samples.then_some(&mut seq.sampler),
+            });
+        }
+        let results: Vec<StepResult> = self
+            .pool
+            .install(|| work.into_par_iter().map(|w| w.run(vocab)).collect());
+
+        // Apply results in order: advance, cache full blocks, report, end what is done.
+        let running = self.scheduler.running_mut();
+        for (s, result) in plan.scheduled.iter().zip(results) {
+            let seq = &mut running[s.index];
+            let reported = prompt_positions(seq, s.n_tokens);
+            seq.num_computed += s.n_tokens;
+            seq.block_table.commit(&seq.tokens, seq.num_computed);
+            if !result.prompt_logprobs.is_empty() {
+                seq.prompt_logprobs_sent = Some(reported.end);
+                seq.send(SeqEvent::PromptLogprobs(result.prompt_logprobs));
+            }
+            if seq.num_computed == seq.tokens.len() && seq.sampler.params().max_tokens == 0 {
+                // Scoring only: the prompt is done and nothing is to be generated.
+                seq.finish = Some(FinishReason::Length);
+            }
+            if let Some(sampled) = result.sampled {
+                let id = sampled.id;
+                if seq.generated() == 0 {
+                    metrics::histogram!(names::ENGINE_QUEUE_TO_FIRST_TOKEN, "priority" => seq.priority.as_str())
+                        .record(seq.arrival.elapsed().as_secs_f64());
+                }
+                seq.send(SeqEvent::Token(sampled));
+                seq.finish = seq.push_token(id);
+            }
+        }
+        for seq in self.scheduler.take_running(|s| s.finish.is_some()) {
+            seq.send(SeqEvent::Finished(seq.finish.unwrap_or(FinishReason::Stop)));
+        }
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        metrics::histogram!(names::STEP_DURATION).record(start.elapsed().as_secs_f64());
+    }
+
+    fn publish_stats(&mut self) {
+        let (running, waiting) = (self.scheduler.running().len(), self.scheduler.num_waiting());
+        let kv = self.kv_manager.borrow();
+        let (free, total) = (kv.num_free_blocks(), kv.num_total_blocks());
+        let counters = kv.counters();
+        drop(kv);
+        let preemptions = self.scheduler.preemptions();
+        let s = &self.stats;
+        s.running.store(running, Ordering::Relaxed);
+        s.waiting.store(waiting, Ordering::Relaxed);
+        s.free_blocks.store(free, Ordering::Relaxed);
+        s.preemptions.store(preemptions, Ordering::Relaxed);
+        metrics::gauge!(names::RUNNING_SEQUENCES).set(running as f64);
+        metrics::gauge!(names::WAITING_SEQUENCES).set(waiting as f64);
+        metrics::gauge!(names::KV_BLOCKS_FREE).set(free as f64);
+        metrics::gauge!(names::KV_BLOCKS_USED).set((total - free) as f64);
+        let (before, preempted_before) = self.exported;
+        metrics::counter!(names::PREFIX_CACHE_QUERIED_TOKENS)
+            .increment(counters.queried_tokens - before.queried_tokens);
+        metrics::counter!(names::PREFIX_CACHE_HIT_TOKENS)
+            .increment(counters.hit_tokens - before.hit_tokens);
+        metrics::counter!(names::KV_BLOCKS_EVICTED)
+            .increment(counters.evicted_blocks - before.evicted_blocks);
+        metrics::counter!(names::PREEMPTIONS).increment(preemptions - preempted_before);
+        self.exported = (counters, preemptions);
+    }
+}
+
+/// Prompt positions whose log-probabilities this step reports for `seq` computing `n` more
+/// tokens: those not yet sent, up to the last one the step's logits can score.
+fn prompt_positions(seq: &Sequence, n: usize) -> std::ops::Range<usize> {
+    match seq.prompt_logprobs_sent {
+        Some(sent) => sent..(seq.num_computed + n + 1).min(seq.prompt_len).max(sent),
+        None => 0..0,
+    }
+}
+
+/// One sequence's post-forward work: score its prompt positions and sample.
+struct StepWork<'a> {
+    rows: &'a mut [f32],
+    /// Per reported prompt position: its token and the logits row predicting it (`None` for
+    /// position 0).
+    targets: Vec<Option<(u32, usize)>>,
+    top: usize,
+    sampler: Option<&'a mut Sampler>,
+}
+
+/// What a [`StepWork`] produced.
+struct StepResult {
+    prompt_logprobs: Vec<Option<TokenLogprob>>,
+    sampled: Option<Sampled>,
+}
+
+impl StepWork<'_> {
+    fn run(self, vocab: usize) -> StepResult {
+        let prompt_logprobs = self
+            .targets
+            .iter()
+            .map(|t| {
+                t.map(|(id, row)| {
+                    let row = &self.rows[row * vocab..(row + 1) * vocab];
+                    let lse = log_sum_exp(row);
+                    TokenLogprob {
+                        id,
+                        logprob: row[id as usize] - lse,
+                        top: top_n(row, self.top, lse),
+                    }
+                })
+            })
+            .collect();
+        let sampled = self.sampler.map(|s| {
+            let last = self.rows.len() - vocab;
+            s.sample(&mut self.rows[last..])
+        });
+        StepResult {
+            prompt_logprobs,
+            sampled,
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The scheduler's view of KV memory: block tables that reuse cached prefixes, grow on
+//! demand and free themselves on drop.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use osprey_models::BLOCK_SIZE;
+
+use super::block_allocator::BlockAllocator;
+use super::prefix_cache::{BlockHash, PrefixCache, block_hash, root_hash};
+
+/// Counters of the KV cache, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvCacheCounters {
+    /// Prompt tokens looked up in the prefix cache.
+    pub queried_tokens: u64,
+    /// Of those, tokens found cached.
+    pub hit_tokens: u64,
+    /// Cached blocks reused for other content.
+    pub evicted_blocks: u64,
+}
+
+/// Owns the block pool and the prefix cache. Shared (on the engine thread) by the scheduler and
+/// every [`BlockTable`].
+#[derive(Debug)]
+pub struct KvCacheManager {
+    allocator: BlockAllocator,
+    cache: PrefixCache,
+    prefix_caching: bool,
+    counters: KvCacheCounters,
+}
+
+/// A shared handle to the manager.
+pub type SharedKvCacheManager = Rc<RefCell<KvCacheManager>>;
+
+impl KvCacheManager {
+    /// A manager over `blocks` blocks; `prefix_caching` enables reuse across requests.
+    pub fn new(blocks: usize, prefix_caching: bool) -> SharedKvCacheManager {
+        Rc::new(RefCell::new(Self {
+            allocator: BlockAllocator::new(blocks),
+            cache: PrefixCache::default(),
+            prefix_caching,
+            counters: KvCacheCounters::default(),
+        }))
+    }
+
+    /// Blocks not held by any sequence.
+    pub fn num_free_blocks(&self) -> usize {
+        self.allocator.num_free()
+    }
+
+    /// All blocks.
+    pub fn num_total_blocks(&self) -> usize {
+        self.allocator.num_total()
+    }
+
+    /// Blocks holding a cached prefix (held or free).
+    pub fn num_cached_blocks(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Counters so far.
+    pub fn counters(&self) -> KvCacheCounters {
+        self.counters
+    }
+
+    /// The allocator, for invariant checks.
+    pub fn allocator(&self) -> &BlockAllocator {
+        &self.allocator
+    }
+
+    /// The prefix cache, for invariant checks.
+    pub fn prefix_cache(&self) -> &PrefixCache {
+        &self.cache
+    }
+
+    /// `n` fresh blocks, all or none, evicting the least recently freed cached prefixes.
+    fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
+        if self.allocator.num_free() < n {
+            return None;
+        }
+        let blocks: Vec<u32> = (0..n)
+            .map(|_| self.allocator.allocate().expect("counted"))
+            .collect();
+        for &b in &blocks {
+            if self.cache.remove_block(b) {
+                self.counters.evicted_blocks += 1;
+            }
+        }
+        Some(blocks)
+    }
+
+    fn release(&mut self, blocks: &[u32]) {
+        // In reverse, so a sequence's first blocks end up freed last (evicted last).
+        for &b in blocks.iter().rev() {
+            let cached = self.cache.contains_block(b);
+            self.allocator.release(b, cached);
+        }
+    }
+}
+
+/// The blocks holding one sequence's KV, in position order, and the hashes of its full blocks.
+/// Returns its blocks to the pool when dropped.
+pub struct BlockTable {
+    blocks: Vec<u32>,
+    /// Chained hashes of the leading full blocks whose content is known (`hashes.len() <=
+    /// blocks.len()`).
+    hashes: Vec<BlockHash>,
+    root: BlockHash,
+    manager: SharedKvCacheManager,
+}
+
+impl BlockTable {
+    /// An empty table; `salt` separates this sequence's cache entries from other tenants'.
+    pub fn new(manager: SharedKvCacheManager, salt: &str) -> Self {
+        Self {
+            blocks: Vec::new(),
+            hashes: Vec::new(),
+            root: root_hash(salt),
+            manager,
+        }
+    }
+
+    /// Block ids, in position order.
+    pub fn blocks(&self) -> &[u32] {
+        &self.blocks
+    }
+
+    /// Takes the longest cached prefix of `tokens` — whole blocks, always leaving at least one
+    /// token to compute — into this (empty) table. Returns the number of tokens covered.
+    pub fn match_prefix(&mut self, tokens: &[u32]) -> usize {
+        assert!(
+            self.blocks.is_empty(),
+            "prefix matching starts from an empty table"
+        );
+        let mut m = self.manager.borrow_mut();
+        let mut parent = self.root;
+        let max_blocks = tokens.len().saturating_sub(1) / BLOCK_SIZE;
+        if m.prefix_caching {
+            for chunk in tokens.chunks_exact(BLOCK_SIZE).take(max_blocks) {
+                let hash = block_hash(parent, chunk);
+                let Some(block) = m.cache.get(hash, chunk) else {
+                    break;
+                };
+                m.allocator.acquire(block);
+                self.blocks.push(block);
+                self.hashes.push(hash);
+                parent = hash;
+            }
+        }
+        let hit = self.blocks.len() * BLOCK_SIZE;
+        m.counters.queried_tokens += tokens.len() as u64;
+        m.counters.hit_tokens += hit as u64;
+        hit
+    }
+
+    /// Grows the table to hold `tokens` positions. Returns `false`, taking nothing, if the
+    /// pool has too few free blocks.
+    pub fn reserve(&mut self, tokens: usize) -> bool {
+        let needed = tokens
+            .div_ceil(BLOCK_SIZE)
+            .saturating_sub(self.blocks.len());
+        if needed == 0 {
+            return true;
+        }
+        match self.manager.borrow_mut().allocate(needed) {
+            Some(blocks) => {
+                self.blocks.extend(blocks);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Free blocks a reservation of `tokens` positions would take.
+    pub fn blocks_needed(&self, tokens: usize) -> usize {
+        tokens
+            .div_ceil(BLOCK_SIZE)
+            .saturating_sub(self.blocks.len())
+    }
+
+    /// Registers the blocks that `computed` leading positions of `tokens` have filled, so later
+    /// requests can reuse them.
+    pub fn commit(&mut self, tokens: &[u32], computed: usize) {
+        let full = (computed / BLOCK_SIZE).min(self.blocks.len());
+        if self.hashes.len() >= full {
+            return;
+        }
+        let mut m = self.manager.borrow_mut();
+        let caching = m.prefix_caching;
+        for i in self.hashes.len()..full {
+            let parent = self.hashes.last().copied().unwrap_or(self.root);
+            let chunk = &tokens[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+            let hash = block_hash(parent, chunk);
+            if caching {
+                // Another sequence may hold the same content already: then this copy stays private.
+                m.cache.insert(hash, self.blocks[i], chunk);
+            }
+            self.hashes.push(hash);
+        }
+    }
+
+    /// Returns every block to the pool.
+    pub fn release(&mut self) {
+        if !self.blocks.is_empty() {
+            self.manager.borrow_mut().release(&self.blocks);
+        }
+        self.blocks.clear();
+        self.hashes.clear();
+    }
+}
+
+impl Drop for BlockTable {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(n: usize, seed: u32) -> Vec<u32> {
+        (0..n as u32).map(|i| i * 31 + seed).collect()
+    }
+
+    #[test]
+    fn a_shared_prefix_is_reused_and_survives_its_first_owner() {
+        let m = KvCacheManager::new(16, true);
+        let prompt = tokens(40, 1); // 2 full blocks + 8
+        let mut a = BlockTable::new(m.clone(), "");
+        assert_eq!(a.match_prefix(&prompt), 0);
+        assert!(a.reserve(41));
+        a.commit(&prompt, 40);
+        let a_blocks = a.blocks().to_vec();
+        drop(a);
+        assert_eq!(m.borrow().num_free_blocks(), 16);
+        assert_eq!(m.borrow().num_cached_blocks(), 2);
+
+        let mut b = BlockTable::new(m.clone(), "");
+        let mut other = prompt.clone();
+        other.extend(tokens(10, 9));
+        assert_eq!(b.match_prefix(&other), 32);
+        assert_eq!(&b.blocks()[..2], &a_blocks[..2]);
+        let mut c = BlockTable::new(m.clone(), "tenant-2");
+        assert_eq!(c.match_prefix(&other), 0, "another salt sees nothing");
+        let counters = m.borrow().counters();
+        assert_eq!(
+            (counters.queried_tokens, counters.hit_tokens),
+            (40 + 50 + 50, 32)
+        );
+    }
+
+    #[test]
+    fn a_fully_cached_prompt_still_computes_its_last_block() {
+        let m = KvCacheManager::new(8, true);
+        let prompt = tokens(32, 3);
+        let mut a = BlockTable::new(m.clone(), "");
+        assert!(a.reserve(33));
+        a.commit(&prompt, 32);
+        drop(a);
+        let mut b = BlockTable::new(m.clone(), "");
+        assert_eq!(b.match_prefix(&prompt), 16);
+    }
+
+    #[test]
+    fn allocation_evicts_cached_blocks_when_needed() {
+        let m = KvCacheManager::new(4, true);
+        let prompt = tokens(64, 5);
+        let mut a = BlockTable::new(m.clone(), "");
+        assert!(a.reserve(64));
+        a.commit(&prompt, 64);
+        drop(a);
+        assert_eq!(m.borrow().num_cached_blocks(), 4);
+        let mut b = BlockTable::new(m.clone(), "");
+        assert!(b.reserve(48));
+        assert_eq!(m.borrow().num_cached_blocks(), 1);
+        assert_eq!(m.borrow().counters().evicted_blocks, 3);
+        assert!(!b.reserve(80), "only one block left");
+    }
+
+    #[test]
+    fn disabled_caching_never_hits() {
+        let m = KvCacheManager::new(8, false);
+        let prompt = tokens(40, 1);
+        let mut a = BlockTable::new(m.clone(), "");
+        assert!(a.reserve(40));
+        a.commit(&prompt, 40);
+        drop(a);
+        let mut b = BlockTable::new(m.clone(), "");
+        assert_eq!(b.match_prefix(&prompt), 0);
+    }
+}

@@ -1,0 +1,10 @@
+//! KV memory management: the block pool, the prefix cache, and per-sequence block tables.
+//! Pure data structures, no I/O and no model: see `README.md` beside this file.
+
+pub mod block_allocator;
+pub mod manager;
+pub mod prefix_cache;
+
+pub use block_allocator::BlockAllocator;
+pub use manager::{BlockTable, KvCacheCounters, KvCacheManager, SharedKvCacheManager};
+pub use prefix_cache::{BlockHash, PrefixCache};

@@ -1,0 +1,130 @@
+//! Which full KV blocks hold which token prefixes.
+//!
+//! A block's identity is a chained hash: the hash of its parent block's hash, a salt (so
+//! tenants never share cache unless configured to), and its 16 token ids. Two sequences whose
+//! first `k` blocks hold the same tokens therefore share the same `k` hashes, and any request
+//! can reuse the KV of any earlier one that shares a prefix with it. Hashes are 128 bits of
+//! SHA-256, and every hit is also checked against the block's stored tokens.
+
+use std::collections::HashMap;
+
+use osprey_models::BLOCK_SIZE;
+use sha2::{Digest, Sha256};
+
+/// The identity of a full block's content and everything before it.
+pub type BlockHash = u128;
+
+/// The hash a sequence's chain starts from, for a given salt.
+pub fn root_hash(salt: &str) -> BlockHash {
+    digest(&[b"osprey-prefix-root", salt.as_bytes()])
+}
+
+/// The hash of a full block of `tokens` following the block hashed `parent`.
+pub fn block_hash(parent: BlockHash, tokens: &[u32]) -> BlockHash {
+    debug_assert_eq!(tokens.len(), BLOCK_SIZE);
+    let mut bytes = [0u8; 4 * BLOCK_SIZE];
+    for (chunk, t) in bytes.chunks_exact_mut(4).zip(tokens) {
+        chunk.copy_from_slice(&t.to_le_bytes());
+    }
+    digest(&[&parent.to_le_bytes(), &bytes])
+}
+
+fn digest(parts: &[&[u8]]) -> BlockHash {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p);
+    }
+    let d = h.finalize();
+    u128::from_le_bytes(d[..16].try_into().expect("16 bytes"))
+}
+
+/// The index from block hashes to the blocks holding them.
+#[derive(Debug, Default)]
+pub struct PrefixCache {
+    by_hash: HashMap<BlockHash, u32>,
+    /// For each block that is cached: its hash and tokens.
+    by_block: HashMap<u32, (BlockHash, [u32; BLOCK_SIZE])>,
+}
+
+impl PrefixCache {
+    /// The block holding `hash`, if its tokens are `tokens`.
+    pub fn get(&self, hash: BlockHash, tokens: &[u32]) -> Option<u32> {
+        let &block = self.by_hash.get(&hash)?;
+        let (_, stored) = &self.by_block[&block];
+        (stored.as_slice() == tokens).then_some(block)
+    }
+
+    /// Records that `block` holds `hash` (with `tokens`). Returns `false`, changing nothing,
+    /// if another block already holds that content or `block` is already cached.
+    pub fn insert(&mut self, hash: BlockHash, block: u32, tokens: &[u32]) -> bool {
+        if self.by_hash.contains_key(&hash) || self.by_block.contains_key(&block) {
+            return false;
+        }
+        let tokens: [u32; BLOCK_SIZE] = tokens.try_into().expect("a full block");
+        self.by_hash.insert(hash, block);
+        self.by_block.insert(block, (hash, tokens));
+        true
+    }
+
+    /// Forgets whatever `block` held (it is being reused). Returns whether it held anything.
+    pub fn remove_block(&mut self, block: u32) -> bool {
+        match self.by_block.remove(&block) {
+            Some((hash, _)) => {
+                self.by_hash.remove(&hash);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `block` holds a cached prefix.
+    pub fn contains_block(&self, block: u32) -> bool {
+        self.by_block.contains_key(&block)
+    }
+
+    /// Cached blocks.
+    pub fn len(&self) -> usize {
+        self.by_block.len()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.by_block.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_chain_and_salt() {
+        let t: Vec<u32> = (0..16).collect();
+        let a = block_hash(root_hash(""), &t);
+        assert_eq!(a, block_hash(root_hash(""), &t));
+        assert_ne!(
+            a,
+            block_hash(root_hash("tenant-b"), &t),
+            "salts separate tenants"
+        );
+        assert_ne!(block_hash(a, &t), a, "the parent is part of the identity");
+    }
+
+    #[test]
+    fn hits_are_checked_against_tokens() {
+        let mut c = PrefixCache::default();
+        let t: Vec<u32> = (0..16).collect();
+        let h = block_hash(root_hash(""), &t);
+        assert!(c.insert(h, 7, &t));
+        assert!(!c.insert(h, 8, &t), "one block per content");
+        assert_eq!(c.get(h, &t), Some(7));
+        let other: Vec<u32> = (1..17).collect();
+        assert_eq!(
+            c.get(h, &other),
+            None,
+            "a colliding hash with other tokens is a miss"
+        );
+        assert!(c.remove_block(7));
+        assert_eq!(c.get(h, &t), None);
+    }
+}
