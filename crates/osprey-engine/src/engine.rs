@@ -74,6 +74,8 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     /// KV cache capacity in tokens.
     pub kv_capacity_tokens: usize,
+    /// Bytes of KV cache one token takes.
+    pub kv_bytes_per_token: usize,
     /// Bytes of weights read per forward pass.
     pub weight_bytes: usize,
 }
@@ -89,6 +91,8 @@ pub struct EngineStats {
     pub(crate) total_blocks: AtomicUsize,
     pub(crate) steps: AtomicUsize,
     pub(crate) preemptions: AtomicU64,
+    pub(crate) prefix_queried_tokens: AtomicU64,
+    pub(crate) prefix_hit_tokens: AtomicU64,
 }
 
 impl EngineStats {
@@ -115,6 +119,14 @@ impl EngineStats {
     /// Sequences preempted so far.
     pub fn preemptions(&self) -> u64 {
         self.preemptions.load(Ordering::Relaxed)
+    }
+    /// Prompt tokens looked up in the prefix cache so far.
+    pub fn prefix_queried_tokens(&self) -> u64 {
+        self.prefix_queried_tokens.load(Ordering::Relaxed)
+    }
+    /// Of those, tokens whose KV was reused.
+    pub fn prefix_hit_tokens(&self) -> u64 {
+        self.prefix_hit_tokens.load(Ordering::Relaxed)
     }
 }
 
@@ -166,6 +178,7 @@ impl Engine {
             max_model_len,
             vocab_size: mc.vocab_size,
             kv_capacity_tokens: blocks * osprey_models::BLOCK_SIZE,
+            kv_bytes_per_token: mc.kv_bytes_per_token(),
             weight_bytes: model.weight_bytes(),
         };
         let threads = match config.threads {

@@ -249,6 +249,10 @@ impl EngineLoop {
         s.waiting.store(waiting, Ordering::Relaxed);
         s.free_blocks.store(free, Ordering::Relaxed);
         s.preemptions.store(preemptions, Ordering::Relaxed);
+        s.prefix_queried_tokens
+            .store(counters.queried_tokens, Ordering::Relaxed);
+        s.prefix_hit_tokens
+            .store(counters.hit_tokens, Ordering::Relaxed);
         metrics::gauge!(names::RUNNING_SEQUENCES).set(running as f64);
         metrics::gauge!(names::WAITING_SEQUENCES).set(waiting as f64);
         metrics::gauge!(names::KV_BLOCKS_FREE).set(free as f64);

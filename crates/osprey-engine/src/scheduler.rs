@@ -321,3 +321,194 @@ impl Scheduler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use osprey_core::SamplingParams;
+
+    use super::*;
+    use crate::kv::{BlockTable, KvCacheManager};
+    use crate::sampler::Sampler;
+
+    fn seq(
+        manager: &SharedKvCacheManager,
+        id: u64,
+        prompt_len: usize,
+        priority: Priority,
+    ) -> Sequence {
+        let tokens: Vec<u32> = (0..prompt_len as u32)
+            .map(|i| i + 100 * id as u32)
+            .collect();
+        // The receiver is leaked so the sequence does not look cancelled.
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::mem::forget(rx);
+        Sequence {
+            id,
+            prompt_len,
+            sampler: Sampler::new(SamplingParams::default(), 0, &tokens, Vec::new()),
+            tokens,
+            num_computed: 0,
+            block_table: BlockTable::new(manager.clone(), ""),
+            priority,
+            prefix_cacheable: true,
+            prompt_logprobs_sent: None,
+            max_len: 4096,
+            end_tokens: Vec::new(),
+            events,
+            arrival: Instant::now(),
+            finish: None,
+        }
+    }
+
+    fn scheduler(config: SchedulerConfig, blocks: usize) -> (Scheduler, SharedKvCacheManager) {
+        let manager = KvCacheManager::new(blocks, true);
+        (Scheduler::new(config, manager.clone()), manager)
+    }
+
+    fn running_ids(s: &Scheduler) -> Vec<u64> {
+        s.running().iter().map(|q| q.id).collect()
+    }
+
+    /// Marks the planned tokens as computed, as the engine does after a step.
+    fn run_step(s: &mut Scheduler) -> SchedulerOutput {
+        let out = s.schedule();
+        for p in &out.scheduled {
+            s.running_mut()[p.index].num_computed += p.n_tokens;
+        }
+        out
+    }
+
+    #[test]
+    fn interactive_is_admitted_before_earlier_batch() {
+        let config = SchedulerConfig {
+            max_num_seqs: 2,
+            ..SchedulerConfig::default()
+        };
+        let (mut s, m) = scheduler(config, 64);
+        s.add(seq(&m, 1, 20, Priority::Batch));
+        s.add(seq(&m, 2, 20, Priority::Batch));
+        s.add(seq(&m, 3, 20, Priority::Interactive));
+        run_step(&mut s);
+        assert_eq!(running_ids(&s), [3, 1]);
+    }
+
+    #[test]
+    fn interactive_preempts_running_batch_for_a_seat() {
+        let config = SchedulerConfig {
+            max_num_seqs: 1,
+            ..SchedulerConfig::default()
+        };
+        let (mut s, m) = scheduler(config, 64);
+        s.add(seq(&m, 1, 20, Priority::Batch));
+        run_step(&mut s);
+        assert_eq!(running_ids(&s), [1]);
+        s.add(seq(&m, 2, 20, Priority::Interactive));
+        run_step(&mut s);
+        assert_eq!(running_ids(&s), [2]);
+        assert_eq!(s.preemptions(), 1);
+        assert_eq!(s.num_waiting(), 1, "the batch sequence waits to be resumed");
+    }
+
+    #[test]
+    fn out_of_blocks_preempts_the_lowest_priority_newest() {
+        // 6 blocks: three 32-token prompts fit (2 blocks each), then growth needs a fourth.
+        let (mut s, m) = scheduler(SchedulerConfig::default(), 6);
+        s.add(seq(&m, 1, 32, Priority::Interactive));
+        s.add(seq(&m, 2, 32, Priority::Batch));
+        s.add(seq(&m, 3, 32, Priority::Interactive));
+        run_step(&mut s);
+        assert_eq!(running_ids(&s), [1, 3, 2]);
+        for q in s.running_mut() {
+            q.tokens.push(7); // each sampled one token: the next step needs a third block
+        }
+        let out = run_step(&mut s);
+        assert_eq!(
+            running_ids(&s),
+            [1, 3],
+            "batch sequence 2 gave its blocks back"
+        );
+        assert_eq!(out.scheduled.len(), 2);
+        assert_eq!(s.preemptions(), 1);
+        assert_eq!(m.borrow().num_free_blocks(), 0);
+    }
+
+    #[test]
+    fn batch_prefill_is_chunked_while_interactive_work_runs() {
+        let config = SchedulerConfig {
+            batch_prefill_chunk: 16,
+            ..SchedulerConfig::default()
+        };
+        let (mut s, m) = scheduler(config, 128);
+        s.add(seq(&m, 1, 300, Priority::Batch));
+        s.add(seq(&m, 2, 8, Priority::Interactive));
+        let out = s.schedule();
+        let chunks: Vec<(u64, usize)> = out
+            .scheduled
+            .iter()
+            .map(|p| (s.running()[p.index].id, p.n_tokens))
+            .collect();
+        assert_eq!(chunks, [(2, 8), (1, 16)]);
+    }
+
+    #[test]
+    fn batch_alone_prefills_at_full_budget() {
+        let (mut s, m) = scheduler(SchedulerConfig::default(), 128);
+        s.add(seq(&m, 1, 600, Priority::Batch));
+        let out = s.schedule();
+        assert_eq!(out.scheduled[0].n_tokens, 512);
+    }
+
+    #[test]
+    fn starving_batch_requests_count_as_interactive() {
+        let config = SchedulerConfig {
+            max_num_seqs: 1,
+            starvation_timeout: Duration::ZERO,
+            ..SchedulerConfig::default()
+        };
+        let (mut s, m) = scheduler(config, 64);
+        s.add(seq(&m, 1, 20, Priority::Batch));
+        s.add(seq(&m, 2, 20, Priority::Interactive));
+        run_step(&mut s);
+        assert_eq!(
+            running_ids(&s),
+            [1],
+            "the older request goes first once batch has aged"
+        );
+    }
+
+    #[test]
+    fn fcfs_ignores_priority() {
+        let config = SchedulerConfig {
+            max_num_seqs: 1,
+            policy: SchedulingPolicy::Fcfs,
+            ..SchedulerConfig::default()
+        };
+        let (mut s, m) = scheduler(config, 64);
+        s.add(seq(&m, 1, 20, Priority::Batch));
+        run_step(&mut s);
+        s.add(seq(&m, 2, 20, Priority::Interactive));
+        run_step(&mut s);
+        assert_eq!(running_ids(&s), [1]);
+        assert_eq!(s.preemptions(), 0);
+    }
+
+    #[test]
+    fn a_prefix_hit_skips_cached_tokens() {
+        let (mut s, m) = scheduler(SchedulerConfig::default(), 64);
+        s.add(seq(&m, 1, 40, Priority::Interactive));
+        let first = run_step(&mut s);
+        assert_eq!(first.scheduled[0].n_tokens, 40);
+        let done = s.take_running(|_| true);
+        // Commit what the step computed, as the engine does, then finish.
+        for mut q in done {
+            let tokens = q.tokens.clone();
+            q.block_table.commit(&tokens, q.num_computed);
+        }
+        s.add(seq(&m, 1, 40, Priority::Interactive)); // same tokens
+        let second = s.schedule();
+        assert_eq!(
+            second.scheduled[0].n_tokens, 8,
+            "two cached blocks are reused"
+        );
+    }
+}

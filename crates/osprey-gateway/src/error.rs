@@ -45,7 +45,9 @@ pub fn error_body(e: &Error) -> ErrorResponse {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, _) = classify(self.0.kind);
-        if status.is_server_error() {
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            tracing::warn!(error = %self.0.message, "request turned away");
+        } else if status.is_server_error() {
             tracing::error!(error = %self.0.message, "request failed");
         } else {
             tracing::debug!(status = status.as_u16(), error = %self.0.message, "request rejected");

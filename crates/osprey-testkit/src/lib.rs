@@ -4,7 +4,8 @@
 //!   as `osprey models fetch` (so a fresh clone's `cargo test` needs no manual step);
 //! - [`golden`]: llama.cpp's reference outputs for that model (`data/golden/`), or another file
 //!   of the same shape named by `OSPREY_GOLDEN` (held-out checks run the same tests on it);
-//! - [`shared_engine`]: one engine per test process over the default model.
+//! - [`shared_engine`]: one engine per test process over the default model; [`engine`] and
+//!   [`test_config`] for tests that need their own.
 #![deny(missing_docs)]
 
 use std::path::PathBuf;
@@ -27,16 +28,19 @@ pub fn default_model() -> PathBuf {
 /// An engine over the default model, shared by the tests of one process.
 pub fn shared_engine() -> Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE
-        .get_or_init(|| engine(EngineConfig::default()))
-        .clone()
+    ENGINE.get_or_init(|| engine(test_config())).clone()
 }
 
-/// A new engine over the default model (256 MiB of KV cache unless `config` says otherwise).
-pub fn engine(mut config: EngineConfig) -> Engine {
-    if config.kv_cache_bytes == EngineConfig::default().kv_cache_bytes {
-        config.kv_cache_bytes = 256 << 20;
+/// The engine configuration tests start from: the defaults with a 256 MiB KV pool.
+pub fn test_config() -> EngineConfig {
+    EngineConfig {
+        kv_cache_bytes: 256 << 20,
+        ..EngineConfig::default()
     }
+}
+
+/// A new engine of its own over the default model.
+pub fn engine(config: EngineConfig) -> Engine {
     Engine::load(&default_model(), config).expect("loading the default model")
 }
 

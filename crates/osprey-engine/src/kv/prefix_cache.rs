@@ -82,6 +82,13 @@ impl PrefixCache {
         self.by_block.contains_key(&block)
     }
 
+    /// Every cached block with its hash and tokens (for invariant checks).
+    pub fn entries(&self) -> impl Iterator<Item = (u32, BlockHash, &[u32])> + '_ {
+        self.by_block
+            .iter()
+            .map(|(&b, (h, t))| (b, *h, t.as_slice()))
+    }
+
     /// Cached blocks.
     pub fn len(&self) -> usize {
         self.by_block.len()

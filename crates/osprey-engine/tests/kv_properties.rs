@@ -1,0 +1,167 @@
+//! Block accounting under random traffic: arrivals sharing prefixes, prefill and decode steps,
+//! finishes, cancellations and preemptions, on a pool small enough to run out. After every
+//! operation the pool must balance exactly.
+
+use osprey_engine::kv::{BlockTable, KvCacheManager, SharedKvCacheManager};
+use osprey_models::BLOCK_SIZE;
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// A new sequence: `shared` leading tokens of one of three common prefixes, then its own.
+    Arrive {
+        prefix: usize,
+        shared: usize,
+        own: usize,
+        seed: u32,
+    },
+    /// Sequence `seq` computes up to `n` more tokens (sampling one first if its prompt is done).
+    Step { seq: usize, n: usize },
+    /// Sequence `seq` finishes or its client disconnects: its table is dropped.
+    Finish { seq: usize },
+    /// Sequence `seq` is preempted: blocks released, recomputed later.
+    Preempt { seq: usize },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => (0..3usize, 0..70usize, 1..30usize, any::<u32>())
+            .prop_map(|(prefix, shared, own, seed)| Op::Arrive { prefix, shared, own, seed }),
+        4 => (any::<usize>(), 1..48usize).prop_map(|(seq, n)| Op::Step { seq, n }),
+        1 => any::<usize>().prop_map(|seq| Op::Finish { seq }),
+        1 => any::<usize>().prop_map(|seq| Op::Preempt { seq }),
+    ]
+}
+
+struct Seq {
+    tokens: Vec<u32>,
+    computed: usize,
+    table: BlockTable,
+}
+
+fn common_prefix(which: usize) -> Vec<u32> {
+    (0..70).map(|i| (which as u32) * 1000 + i).collect()
+}
+
+/// What the scheduler does for one sequence's step: match a prefix if it holds nothing,
+/// reserve, and commit, or preempt itself when the pool is dry.
+fn step(seq: &mut Seq, n: usize) {
+    if seq.computed == seq.tokens.len() {
+        let next = seq
+            .tokens
+            .last()
+            .map_or(0, |t| t.wrapping_mul(31).wrapping_add(7))
+            % 5000;
+        seq.tokens.push(next);
+    }
+    if seq.table.blocks().is_empty() {
+        seq.computed = seq.table.match_prefix(&seq.tokens);
+        assert_eq!(seq.computed % BLOCK_SIZE, 0);
+        assert!(
+            seq.computed < seq.tokens.len(),
+            "a hit leaves a token to compute"
+        );
+    }
+    let need = seq.computed + n.min(seq.tokens.len() - seq.computed);
+    if seq.table.reserve(need) {
+        seq.computed = need;
+        seq.table.commit(&seq.tokens, seq.computed);
+    } else {
+        seq.table.release();
+        seq.computed = 0;
+    }
+}
+
+fn check(manager: &SharedKvCacheManager, seqs: &[Seq]) {
+    let m = manager.borrow();
+    let a = m.allocator();
+    let total = a.num_total();
+    let mut holders = vec![0u32; total];
+    for s in seqs {
+        assert!(s.table.blocks().len() >= s.computed.div_ceil(BLOCK_SIZE));
+        for &b in s.table.blocks() {
+            holders[b as usize] += 1;
+        }
+    }
+    let free = a.free_queue();
+    assert_eq!(free.len(), a.num_free());
+    let mut in_free = vec![false; total];
+    for &b in &free {
+        assert!(!in_free[b as usize], "block {b} twice in the free queue");
+        in_free[b as usize] = true;
+    }
+    let mut used = 0;
+    for b in 0..total {
+        assert_eq!(a.ref_count(b as u32), holders[b], "refcount of block {b}");
+        assert_eq!(
+            in_free[b],
+            holders[b] == 0,
+            "block {b} is free iff unreferenced"
+        );
+        used += usize::from(holders[b] > 0);
+    }
+    assert_eq!(free.len() + used, total, "free + used = pool");
+    let cache = m.prefix_cache();
+    for (block, hash, tokens) in cache.entries() {
+        assert_eq!(
+            cache.get(hash, tokens),
+            Some(block),
+            "cached block {block} is reachable"
+        );
+    }
+    // No sequence reads a cached block holding other tokens than its own.
+    for s in seqs {
+        for (i, &b) in s
+            .table
+            .blocks()
+            .iter()
+            .enumerate()
+            .take(s.computed / BLOCK_SIZE)
+        {
+            if let Some((_, _, tokens)) = cache.entries().find(|e| e.0 == b) {
+                assert_eq!(tokens, &s.tokens[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn block_accounting_balances(ops in prop::collection::vec(op(), 1..200), pool in 4..24usize) {
+        let manager = KvCacheManager::new(pool, true);
+        let mut seqs: Vec<Seq> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Arrive { prefix, shared, own, seed } => {
+                    let mut tokens = common_prefix(prefix)[..shared].to_vec();
+                    tokens.extend((0..own as u32).map(|i| 2000 + seed.wrapping_add(i) % 3000));
+                    let table = BlockTable::new(manager.clone(), if seed % 7 == 0 { "other" } else { "" });
+                    seqs.push(Seq { tokens, computed: 0, table });
+                }
+                Op::Step { seq, n } if !seqs.is_empty() => {
+                    let i = seq % seqs.len();
+                    step(&mut seqs[i], n);
+                }
+                Op::Finish { seq } if !seqs.is_empty() => {
+                    seqs.swap_remove(seq % seqs.len());
+                }
+                Op::Preempt { seq } if !seqs.is_empty() => {
+                    let i = seq % seqs.len();
+                    let s = &mut seqs[i];
+                    s.table.release();
+                    s.computed = 0;
+                }
+                _ => {}
+            }
+            check(&manager, &seqs);
+        }
+        seqs.clear();
+        check(&manager, &seqs);
+        let m = manager.borrow();
+        prop_assert_eq!(m.num_free_blocks(), pool, "nothing leaks");
+        let c = m.counters();
+        prop_assert!(c.hit_tokens <= c.queried_tokens);
+    }
+}

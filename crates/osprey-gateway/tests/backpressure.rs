@@ -1,0 +1,130 @@
+//! Overload and disconnects against the real model, on an engine of its own (in its own test
+//! process, so the engine gauges in /metrics are this engine's): a full queue answers 503 with
+//! `retry-after` instead of hanging, and clients that hang up give back every KV block.
+
+use std::time::Duration;
+
+use osprey_engine::{Engine, EngineConfig, SchedulerConfig};
+use osprey_gateway::{AppState, HttpConfig};
+use serde_json::{Value, json};
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+async fn server(engine: Engine) -> String {
+    let state = AppState::new(MODEL);
+    state.set_engine(engine);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        osprey_gateway::serve(
+            listener,
+            state,
+            &HttpConfig::default(),
+            std::future::pending(),
+        )
+        .await
+    });
+    format!("http://{addr}")
+}
+
+async fn gauge(base: &str, name: &str) -> Option<f64> {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_refused_and_disconnects_free_their_blocks() {
+    let engine = osprey_testkit::engine(EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: 2,
+            ..SchedulerConfig::default()
+        },
+        max_waiting: 2,
+        ..osprey_testkit::test_config()
+    });
+    let base = server(engine.clone()).await;
+    let client = reqwest::Client::new();
+
+    // 12 requests at once into 2 seats and 2 waiting places: some must be refused, at once.
+    let body =
+        json!({"model": MODEL, "prompt": "Count slowly:", "max_tokens": 32, "ignore_eos": true});
+    let calls = (0..12).map(|_| {
+        let request = client.post(format!("{base}/v1/completions")).json(&body);
+        tokio::spawn(async move {
+            let resp = tokio::time::timeout(Duration::from_secs(120), request.send())
+                .await
+                .expect("a request hung")
+                .unwrap();
+            let status = resp.status().as_u16();
+            let retry = resp
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let body: Value = resp.json().await.unwrap();
+            (status, retry, body)
+        })
+    });
+    let mut served = 0;
+    let mut refused = 0;
+    for call in calls.collect::<Vec<_>>() {
+        let (status, retry, body) = call.await.unwrap();
+        match status {
+            200 => {
+                assert_eq!(body["usage"]["completion_tokens"], 32, "{body}");
+                served += 1;
+            }
+            503 => {
+                assert_eq!(retry.as_deref(), Some("1"));
+                assert_eq!(body["error"]["code"], "server_overloaded", "{body}");
+                assert!(body["error"]["message"].is_string(), "{body}");
+                refused += 1;
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert!(
+        served >= 2 && refused >= 1,
+        "served {served}, refused {refused}"
+    );
+
+    // Clients that hang up, streaming and not, mid-generation.
+    for stream in [true, false, true] {
+        let body = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4000,
+                          "ignore_eos": true, "stream": stream});
+        let request = client.post(format!("{base}/v1/completions")).json(&body);
+        if stream {
+            let mut resp = request.send().await.unwrap();
+            let mut seen = 0;
+            while seen < 3 {
+                let chunk = resp.chunk().await.unwrap().expect("stream ended early");
+                seen += String::from_utf8_lossy(&chunk).matches("data: ").count();
+            }
+        } else {
+            let gone = request.timeout(Duration::from_millis(500)).send().await;
+            assert!(gone.is_err(), "4000 tokens cannot be done in 0.5 s");
+        }
+    }
+    for _ in 0..500 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let s = engine.stats();
+        if s.running() == 0 && s.waiting() == 0 && s.free_blocks() == s.total_blocks() {
+            assert_eq!(gauge(&base, "osprey_kv_blocks_used").await, Some(0.0));
+            assert_eq!(gauge(&base, "osprey_running_sequences").await, Some(0.0));
+            return;
+        }
+    }
+    let s = engine.stats();
+    panic!(
+        "not freed: running {}, waiting {}, free blocks {}/{}",
+        s.running(),
+        s.waiting(),
+        s.free_blocks(),
+        s.total_blocks()
+    );
+}
