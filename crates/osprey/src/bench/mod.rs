@@ -3,8 +3,11 @@
 //! - `osprey bench model`: llama-bench's `pp` and `tg` tests on Osprey's forward pass
 //!   (prompt processing of N tokens in one pass; decoding M tokens one at a time), so the two
 //!   can be compared side by side on the same GGUF and thread count.
+//! - `osprey bench serve`: load against OpenAI-compatible servers (workloads A, B, F of
+//!   `../shared/BENCHMARKS.md`), one or two of them interleaved, with ratios.
 
 mod model;
+mod serve;
 
 use clap::Subcommand;
 
@@ -13,10 +16,13 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// Prompt processing and decode speed of the forward pass (like llama-bench pp/tg).
     Model(model::ModelBenchArgs),
+    /// Load on OpenAI-compatible servers: tokens/s, TTFT, TPOT (optionally two, compared).
+    Serve(Box<serve::ServeBenchArgs>),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Model(args) => model::run(args),
+        BenchCommand::Serve(args) => serve::run(*args),
     }
 }

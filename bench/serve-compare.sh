@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Osprey under load, side by side (../shared/BENCHMARKS.md workloads A, B, F), with
+# `osprey bench serve` interleaving the servers run by run:
+#   A: Osprey vs llama-server (--parallel = concurrency) at 1, 8, 32 streams, plus a chart;
+#   B: Osprey vs Osprey without prefix caching vs llama-server --parallel 32;
+#   F: Osprey's priority scheduling vs the same engine in FCFS order.
+# Every server gets the same GGUF, 2 threads and the same KV memory (llama-server's -c tokens
+# × 23,040 bytes per token of f16 K and V). Results: $OUT/*.json, tables on stdout.
+# Usage: bash bench/serve-compare.sh [runs=3] [workloads="a b f"]
+# Needs llama.cpp's binaries: bash ../shared/peers/llama-cpp.sh builds them (~15 min, cached).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${1:-3}
+WORKLOADS=${2:-a b f}
+OUT=${OUT:-bench/results}
+SEED=${SEED:-0}
+PEERS=${OSPREY_PEERS:-$HOME/.cache/osprey-peers}
+LLAMA_SERVER=${LLAMA_SERVER:-$(ls "$PEERS"/llama.cpp-*/bin/llama-server 2>/dev/null | head -1)}
+[ -x "$LLAMA_SERVER" ] || { echo "llama-server not found; run ../shared/peers/llama-cpp.sh first" >&2; exit 1; }
+mkdir -p "$OUT"
+cargo build --release -q
+OSPREY=${CARGO_TARGET_DIR:-target}/release/osprey
+MODEL=$("$OSPREY" models fetch)
+KV_TOKEN_BYTES=23040
+
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
+wait_ready() {
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$1/v1/models" >/dev/null && return 0
+    sleep 0.2
+  done
+  echo "server on port $1 did not start" >&2; exit 1
+}
+# start_osprey PORT KV_TOKENS [serve flags...]; sets PID
+start_osprey() {
+  local port=$1 tokens=$2; shift 2
+  "$OSPREY" serve --port "$port" --model "$MODEL" --threads 2 \
+    --kv-cache-memory $((tokens * KV_TOKEN_BYTES)) "$@" >"$OUT/osprey-$port.log" 2>&1 &
+  PID=$!; PIDS+=("$PID"); wait_ready "$port"
+}
+# start_llama PORT PARALLEL CTX_TOKENS; sets PID
+start_llama() {
+  "$LLAMA_SERVER" -m "$MODEL" -t 2 --host 127.0.0.1 --port "$1" --parallel "$2" -c "$3" \
+    >"$OUT/llama-$1.log" 2>&1 &
+  PID=$!; PIDS+=("$PID"); wait_ready "$1"
+}
+stop() { kill "$@" 2>/dev/null || true; wait "$@" 2>/dev/null || true; }
+bench() { "$OSPREY" bench serve --runs "$RUNS" --seed "$SEED" "$@"; }
+
+for w in $WORKLOADS; do
+  case $w in
+  a)
+    files=()
+    for c in 1 8 32; do
+      # KV for 32 × 512 tokens on both sides; each level starts from fresh servers.
+      start_osprey 8090 16384; osprey=$PID
+      start_llama 8091 "$c" 16384; llama=$PID
+      bench -w a -c "$c" --url http://127.0.0.1:8090 --label osprey --pid "$osprey" \
+        --compare http://127.0.0.1:8091 --compare-label llama-server --compare-pid "$llama" \
+        --json "$OUT/a-c$c.json"
+      stop "$osprey" "$llama"
+      files+=("$OUT/a-c$c.json")
+    done
+    "$OSPREY" bench serve --from-json "$(IFS=,; echo "${files[*]}")" --chart "$OUT/workload-a.svg" \
+      --json "$OUT/a.json"
+    ;;
+  b)
+    # 32 × 1,280 tokens of KV for each server.
+    start_osprey 8090 40960; osprey=$PID
+    start_osprey 8092 40960 --no-prefix-caching; nocache=$PID
+    start_llama 8091 32 40960; llama=$PID
+    bench -w b --url http://127.0.0.1:8090 --label osprey --pid "$osprey" \
+      --compare http://127.0.0.1:8092 --compare-label osprey-no-cache --compare-pid "$nocache" \
+      --compare http://127.0.0.1:8091 --compare-label llama-server --compare-pid "$llama" \
+      --json "$OUT/b.json"
+    stop "$osprey" "$nocache" "$llama"
+    ;;
+  f)
+    start_osprey 8090 40960; prio=$PID
+    start_osprey 8092 40960 --scheduling-policy fcfs; fcfs=$PID
+    bench -w f --url http://127.0.0.1:8090 --label priority --pid "$prio" \
+      --compare http://127.0.0.1:8092 --compare-label fcfs --compare-pid "$fcfs" \
+      --json "$OUT/f.json"
+    stop "$prio" "$fcfs"
+    ;;
+  esac
+done

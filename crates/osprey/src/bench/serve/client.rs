@@ -1,0 +1,152 @@
+//! One streamed chat request against an OpenAI-compatible server, timed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use super::workload::{Class, RequestSpec};
+
+/// What happened to one request.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Outcome {
+    pub class: Class,
+    /// `None` if it completed; the error otherwise (including being cut off).
+    pub error: Option<String>,
+    /// Seconds from sending to the first generated text.
+    pub ttft: Option<f64>,
+    /// Seconds from sending to the end of the stream.
+    pub e2e: f64,
+    /// Generated tokens (the server's usage count when given, else content chunks).
+    pub output_tokens: u64,
+    /// Chunks with content received.
+    pub chunks: u64,
+}
+
+impl Outcome {
+    /// Mean seconds per output token after the first.
+    pub fn tpot(&self) -> Option<f64> {
+        let ttft = self.ttft?;
+        (self.error.is_none() && self.output_tokens > 1)
+            .then(|| (self.e2e - ttft) / (self.output_tokens - 1) as f64)
+    }
+}
+
+/// Sends `spec` to `url` (`/v1/chat/completions`) and reads the stream to its end. Content
+/// chunks are also added to `live_tokens` as they arrive, so throughput can count requests
+/// that are cut off.
+pub async fn send(
+    client: &reqwest::Client,
+    url: &str,
+    model: &str,
+    spec: &RequestSpec,
+    live_tokens: &Arc<AtomicU64>,
+) -> Outcome {
+    let start = Instant::now();
+    let mut outcome = Outcome {
+        class: spec.class,
+        error: None,
+        ttft: None,
+        e2e: 0.0,
+        output_tokens: 0,
+        chunks: 0,
+    };
+    let result = async {
+        let resp = client
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&spec.body(model))
+            .send()
+            .await
+            .map_err(|e| format!("sending: {e}"))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            return Err(format!(
+                "HTTP {status}: {}",
+                body.chars().take(200).collect::<String>()
+            ));
+        }
+        let mut stream = resp.bytes_stream();
+        let mut buf = Vec::new();
+        let (mut chunks, mut usage) = (0u64, None);
+        while let Some(bytes) = stream.next().await {
+            buf.extend_from_slice(&bytes.map_err(|e| format!("reading: {e}"))?);
+            while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+                let event: Vec<u8> = buf.drain(..end + 2).collect();
+                let text = String::from_utf8_lossy(&event);
+                for data in text.lines().filter_map(|l| l.strip_prefix("data:")) {
+                    let data = data.trim();
+                    if data == "[DONE]" {
+                        continue;
+                    }
+                    let v: Value =
+                        serde_json::from_str(data).map_err(|e| format!("bad chunk: {e}"))?;
+                    if let Some(e) = v.get("error") {
+                        return Err(format!("stream error: {e}"));
+                    }
+                    let content = &v["choices"][0]["delta"]["content"];
+                    if content.as_str().is_some_and(|c| !c.is_empty()) {
+                        if outcome.ttft.is_none() {
+                            outcome.ttft = Some(start.elapsed().as_secs_f64());
+                        }
+                        chunks += 1;
+                        outcome.chunks += 1;
+                        live_tokens.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                        usage = Some(n);
+                    }
+                }
+            }
+        }
+        Ok(usage.unwrap_or(chunks))
+    }
+    .await;
+    outcome.e2e = start.elapsed().as_secs_f64();
+    match result {
+        Ok(n) => outcome.output_tokens = n,
+        Err(e) => outcome.error = Some(e),
+    }
+    outcome
+}
+
+/// An HTTP client for many concurrent streams.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .timeout(Duration::from_secs(1800))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// The first model a server lists.
+pub async fn first_model(client: &reqwest::Client, url: &str) -> anyhow::Result<String> {
+    let v: Value = client
+        .get(format!("{url}/v1/models"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    v["data"][0]["id"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow::anyhow!("{url}/v1/models lists no model"))
+}
+
+/// A counter from a Prometheus `/metrics` page, if the server has it.
+pub async fn prometheus_counter(client: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}

@@ -1,0 +1,375 @@
+//! `osprey bench serve`: a load generator for OpenAI-compatible servers (Osprey, llama-server,
+//! vLLM, ...), running the workloads of `../shared/BENCHMARKS.md` and reporting output tokens/s,
+//! TTFT and TPOT percentiles as a table and as JSON.
+//!
+//! With `--compare URL` it measures two servers in the same run, level by level and run by run
+//! interleaved (A B A B ...), and prints how many times better the first one is. Prompts are
+//! generated from `--seed` with the model's tokenizer, so every run has the same shape (token
+//! counts, shared prefixes) and any seed can be used to re-measure on fresh text.
+
+mod chart;
+mod client;
+mod report;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use osprey_engine::Tokenizer;
+use osprey_models::GgufFile;
+
+use client::Outcome;
+use report::{LevelReport, LevelRun, Report, ServerInfo, ServerLevel};
+use workload::{Class, Level, Shape, WorkloadId};
+
+/// Options of `osprey bench serve`.
+#[derive(Args, Debug)]
+pub struct ServeBenchArgs {
+    /// Base URL of the server to measure.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Name of that server in the report.
+    #[arg(long, default_value = "osprey")]
+    pub label: String,
+    /// Another server, measured interleaved with the first (repeat for more).
+    #[arg(long)]
+    pub compare: Vec<String>,
+    /// Names of the other servers, in order (default `compare-1`, ...).
+    #[arg(long)]
+    pub compare_label: Vec<String>,
+    /// `a` (concurrency sweep), `b` (shared system prompt) or `f` (interactive + batch).
+    #[arg(long, short = 'w', value_enum, default_value = "a")]
+    pub workload: WorkloadId,
+    /// Concurrent streams: the sweep of A (default 1,8,32) or the users of B (default 32).
+    #[arg(long, short = 'c', value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Requests each client sends (default: A 3, B 2, F 5 per interactive client).
+    #[arg(long)]
+    pub requests_per_client: Option<usize>,
+    /// F: interactive clients (short prompts, 32 tokens, latency measured).
+    #[arg(long, default_value_t = 8)]
+    pub interactive_clients: usize,
+    /// F: batch clients (600–900-token prompts, 128 tokens, sent back to back as load).
+    #[arg(long, default_value_t = 40)]
+    pub batch_clients: usize,
+    /// Repetitions; medians are reported.
+    #[arg(long, short = 'r', default_value_t = 3)]
+    pub runs: usize,
+    /// Seed of the generated prompts.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Model name to send (default: the first each server lists).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// GGUF whose tokenizer sizes the prompts (default: the default model).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Write the full report (every run) as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw tokens/s and TTFT against concurrency (workload A) as SVG here.
+    #[arg(long)]
+    pub chart: Option<PathBuf>,
+    /// Pid of the first server, to report its peak RSS.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Pids of the other servers, in order.
+    #[arg(long)]
+    pub compare_pid: Vec<u32>,
+    /// Measure nothing: merge the levels of these earlier `--json` reports (comma-separated),
+    /// print them and draw `--chart`.
+    #[arg(long, value_delimiter = ',')]
+    pub from_json: Vec<PathBuf>,
+}
+
+struct Target {
+    label: String,
+    url: String,
+    model: String,
+    pid: Option<u32>,
+}
+
+pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
+    if !args.from_json.is_empty() {
+        return merge_reports(&args);
+    }
+    let path = match &args.tokenizer {
+        Some(p) => p.clone(),
+        None => crate::models::fetch_default()?,
+    };
+    let tokenizer =
+        Tokenizer::from_gguf(&GgufFile::open(&path)?).context("loading the tokenizer")?;
+    let shape = Shape {
+        concurrency: match (args.workload, args.concurrency.is_empty()) {
+            (_, false) => args.concurrency.clone(),
+            (WorkloadId::B, true) => vec![32],
+            _ => vec![1, 8, 32],
+        },
+        requests_per_client: args.requests_per_client.unwrap_or(match args.workload {
+            WorkloadId::A => 3,
+            WorkloadId::B => 2,
+            WorkloadId::F => 5,
+        }),
+        seed: args.seed,
+        interactive_clients: args.interactive_clients,
+        batch_clients: args.batch_clients,
+    };
+    // Fresh text each run (seed + run), so no server is served from its cache a repeat of an
+    // earlier run's prompts; the shape is the same every run.
+    let runs: Vec<Vec<Level>> = (0..args.runs.max(1) as u64)
+        .map(|r| {
+            let shape = Shape {
+                seed: args.seed.wrapping_add(r),
+                ..shape.clone()
+            };
+            workload::levels(args.workload, &shape, &tokenizer)
+        })
+        .collect();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?
+        .block_on(measure(&args, runs))
+}
+
+async fn measure(args: &ServeBenchArgs, runs: Vec<Vec<Level>>) -> anyhow::Result<()> {
+    let levels = &runs[0];
+    let http = client::http_client();
+    let mut targets = Vec::new();
+    let mut servers = vec![(args.label.clone(), &args.url, args.pid)];
+    for (i, url) in args.compare.iter().enumerate() {
+        let label = args.compare_label.get(i).cloned();
+        let label = label.unwrap_or_else(|| format!("compare-{}", i + 1));
+        servers.push((label, url, args.compare_pid.get(i).copied()));
+    }
+    for (label, url, pid) in servers {
+        let url = url.trim_end_matches('/').to_owned();
+        let model = match &args.model {
+            Some(m) => m.clone(),
+            None => client::first_model(&http, &url)
+                .await
+                .with_context(|| format!("asking {url} for its models"))?,
+        };
+        targets.push(Target {
+            label: label.clone(),
+            url,
+            model,
+            pid,
+        });
+    }
+
+    let total: usize = levels
+        .iter()
+        .map(|l| fg_requests(l) * targets.len())
+        .sum::<usize>()
+        * args.runs;
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:24} [{bar:30}] {pos}/{len} requests ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    // results[level][target] = runs
+    let mut results: Vec<Vec<Vec<LevelRun>>> = vec![vec![Vec::new(); targets.len()]; levels.len()];
+    for (run, levels) in runs.iter().enumerate() {
+        for (l, level) in levels.iter().enumerate() {
+            for (t, target) in targets.iter().enumerate() {
+                bar.set_message(format!("run {} {} {}", run + 1, level.name, target.label));
+                let r = run_level(&http, target, level, &bar).await;
+                results[l][t].push(r);
+            }
+        }
+    }
+    bar.finish_and_clear();
+
+    let report = Report {
+        workload: format!("{:?}", args.workload),
+        seed: args.seed,
+        runs: args.runs,
+        servers: targets
+            .iter()
+            .map(|t| ServerInfo {
+                label: t.label.clone(),
+                url: t.url.clone(),
+                model: t.model.clone(),
+                peak_rss_mib: t.pid.and_then(peak_rss_mib),
+            })
+            .collect(),
+        levels: levels
+            .iter()
+            .zip(results)
+            .map(|(level, per_target)| {
+                let servers: Vec<ServerLevel> = targets
+                    .iter()
+                    .zip(per_target)
+                    .map(|(t, runs)| ServerLevel::new(&t.label, runs))
+                    .collect();
+                let advantage = servers
+                    .iter()
+                    .skip(1)
+                    .map(|other| (other.server.clone(), servers[0].advantage_over(other)))
+                    .collect();
+                LevelReport {
+                    name: level.name.clone(),
+                    concurrency: level.concurrency,
+                    servers,
+                    advantage,
+                }
+            })
+            .collect(),
+    };
+    output(args, &report)
+}
+
+/// Prints the table and writes the JSON and chart asked for.
+fn output(args: &ServeBenchArgs, report: &Report) -> anyhow::Result<()> {
+    print!("{}", report::table(report));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.chart {
+        chart::draw(report, path)?;
+    }
+    Ok(())
+}
+
+fn merge_reports(args: &ServeBenchArgs) -> anyhow::Result<()> {
+    let mut merged: Option<Report> = None;
+    for path in &args.from_json {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let report: Report =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        match &mut merged {
+            None => merged = Some(report),
+            Some(m) => {
+                m.levels.extend(report.levels);
+                for s in report.servers {
+                    match m.servers.iter_mut().find(|x| x.label == s.label) {
+                        Some(x) => {
+                            x.peak_rss_mib = match (x.peak_rss_mib, s.peak_rss_mib) {
+                                (Some(a), Some(b)) => Some(a.max(b)),
+                                (a, b) => a.or(b),
+                            }
+                        }
+                        None => m.servers.push(s),
+                    }
+                }
+            }
+        }
+    }
+    let mut report = merged.expect("at least one file");
+    report.levels.sort_by_key(|l| l.concurrency);
+    output(args, &report)
+}
+
+fn fg_requests(level: &Level) -> usize {
+    level
+        .clients
+        .iter()
+        .filter(|c| !c.background)
+        .map(|c| c.requests.len())
+        .sum()
+}
+
+/// Runs one level against one server: warm-up, then every client at once until the
+/// foreground clients are done.
+async fn run_level(
+    http: &reqwest::Client,
+    target: &Target,
+    level: &Level,
+    bar: &ProgressBar,
+) -> LevelRun {
+    let quiet = Arc::new(AtomicU64::new(0));
+    for spec in &level.warmup {
+        client::send(http, &target.url, &target.model, spec, &quiet).await;
+    }
+    let counters = prefix_counters(http, &target.url).await;
+    let live = Arc::new(AtomicU64::new(0));
+    let finished = Arc::new(std::sync::Mutex::new(Vec::<Outcome>::new()));
+    let start = Instant::now();
+    let mut foreground = Vec::new();
+    let mut background = Vec::new();
+    for plan in &level.clients {
+        let (http, url, model) = (http.clone(), target.url.clone(), target.model.clone());
+        let (plan, live, finished, bar) =
+            (plan.clone(), live.clone(), finished.clone(), bar.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                for spec in &plan.requests {
+                    let o = client::send(&http, &url, &model, spec, &live).await;
+                    finished.lock().expect("not poisoned").push(o);
+                    if !plan.background {
+                        bar.inc(1);
+                    }
+                }
+                if !plan.background {
+                    return;
+                }
+            }
+        });
+        if plan.background {
+            background.push(task)
+        } else {
+            foreground.push(task)
+        }
+    }
+    for task in foreground {
+        task.await.expect("a client task");
+    }
+    let wall = start.elapsed().as_secs_f64();
+    // Background clients are cut off: what they completed counts, and so do the tokens their
+    // unfinished requests had streamed.
+    for task in &background {
+        task.abort();
+    }
+    let outcomes = std::mem::take(&mut *finished.lock().expect("not poisoned"));
+    let streamed = live.load(Ordering::Relaxed);
+    let completed_chunks: u64 = outcomes.iter().map(|o| o.chunks).sum();
+    let mut classes: Vec<Class> = level
+        .clients
+        .iter()
+        .flat_map(|c| c.requests.iter().map(|r| r.class))
+        .collect();
+    classes.sort();
+    classes.dedup();
+    let cut_off = streamed.saturating_sub(completed_chunks);
+    let mut run = LevelRun::new(&outcomes, &classes, cut_off, wall);
+    if !background.is_empty() {
+        // Give the server a moment to notice the disconnects before the next level.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    if let (Some(before), Some(after)) = (counters, prefix_counters(http, &target.url).await) {
+        let queried = after.0 - before.0;
+        run.prefix_hit_rate = (queried > 0.0).then(|| (after.1 - before.1) / queried);
+    }
+    run
+}
+
+/// Osprey's prefix-cache counters (queried, hit tokens), if the server exports them.
+async fn prefix_counters(http: &reqwest::Client, url: &str) -> Option<(f64, f64)> {
+    let q = client::prometheus_counter(http, url, "osprey_prefix_cache_queried_tokens_total");
+    let h = client::prometheus_counter(http, url, "osprey_prefix_cache_hit_tokens_total");
+    let (q, h) = tokio::join!(q, h);
+    Some((q?, h.unwrap_or(0.0)))
+}
+
+/// Peak resident memory of a process in MiB (`VmHWM` of `/proc/PID/status`).
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
