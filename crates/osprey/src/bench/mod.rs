@@ -2,9 +2,10 @@
 //!
 //! - `osprey bench model`: llama-bench's `pp` and `tg` tests on Osprey's forward pass
 //!   (prompt processing of N tokens in one pass; decoding M tokens one at a time), so the two
-//!   can be compared side by side on the same GGUF and thread count.
+//!   can be compared side by side on the same GGUF and thread count; `-d` runs both at a
+//!   context depth, as llama-bench's `-d` does.
 //! - `osprey bench serve`: load against OpenAI-compatible servers (workloads A, B, F of
-//!   `../shared/BENCHMARKS.md`), one or two of them interleaved, with ratios.
+//!   `../shared/BENCHMARKS.md`), several of them interleaved, with ratios.
 
 mod model;
 mod serve;

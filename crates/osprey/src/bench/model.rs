@@ -21,6 +21,10 @@ pub struct ModelBenchArgs {
     /// Tokens decoded one at a time (llama-bench `-n`); 0 skips the test.
     #[arg(short = 'n', long, default_value_t = 128)]
     pub n_gen: usize,
+    /// Tokens already in the context before each test (llama-bench `-d`): prefilled once,
+    /// untimed, so the prompt and decode tests run at positions `depth..`.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: usize,
     /// Compute threads.
     #[arg(short = 't', long, default_value_t = 2)]
     pub threads: usize,
@@ -43,7 +47,7 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
         .num_threads(args.threads)
         .build()?;
     let config = model.config();
-    let positions = args.n_prompt.max(args.n_gen) + 1;
+    let positions = args.depth + args.n_prompt.max(args.n_gen) + 1;
     let mut kv = KvCache::new(config, positions.div_ceil(osprey_models::BLOCK_SIZE));
     let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
     let mut scratch = ForwardScratch::default();
@@ -69,6 +73,16 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
     };
     // Warm-up: one small pass touches the weights and sizes the buffers.
     forward(&[token(0), token(1)], 0);
+    if args.depth > 0 {
+        let context: Vec<u32> = (0..args.depth).map(token).collect();
+        forward(&context, 0);
+    }
+    let depth = args.depth;
+    let suffix = if depth > 0 {
+        format!(" @ d{depth}")
+    } else {
+        String::new()
+    };
 
     let mut results = Vec::new();
     if args.n_prompt > 0 {
@@ -76,23 +90,23 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
         let rates: Vec<f64> = (0..args.repetitions)
             .map(|_| {
                 let t = Instant::now();
-                forward(&prompt, 0);
+                forward(&prompt, depth);
                 args.n_prompt as f64 / t.elapsed().as_secs_f64()
             })
             .collect();
-        results.push((format!("pp{}", args.n_prompt), rates));
+        results.push((format!("pp{}{suffix}", args.n_prompt), rates));
     }
     if args.n_gen > 0 {
         let rates: Vec<f64> = (0..args.repetitions)
             .map(|_| {
                 let t = Instant::now();
                 for i in 0..args.n_gen {
-                    forward(&[token(i)], i);
+                    forward(&[token(depth + i)], depth + i);
                 }
                 args.n_gen as f64 / t.elapsed().as_secs_f64()
             })
             .collect();
-        results.push((format!("tg{}", args.n_gen), rates));
+        results.push((format!("tg{}{suffix}", args.n_gen), rates));
     }
 
     let name = path
