@@ -3,8 +3,9 @@
 //! A sequence's keys and values live in the blocks its block table lists, in order: token at
 //! position `p` is slot `p % BLOCK_SIZE` of block `table[p / BLOCK_SIZE]`. Which blocks a
 //! sequence owns is the engine's business (its `BlockAllocator`); this type only stores
-//! vectors, as `f16`, laid out `[block][kv_head][slot][head_dim]` per layer so that one head's
-//! keys in a block are contiguous.
+//! vectors, as `f16`, per layer in `[block][kv_head]` order so that one head's keys (or values)
+//! in a block are contiguous. Within that, values are `[slot][head_dim]` and keys transposed,
+//! `[head_dim][slot]`, the shape attention consumes them in (see [`KvCache::block`]).
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -65,44 +66,39 @@ impl KvCache {
             (block as usize) < self.num_blocks,
             "block {block} out of range"
         );
-        let hd = self.head_dim;
+        let (hd, slot) = (self.head_dim, pos % BLOCK_SIZE);
         for h in 0..self.n_kv_heads {
-            let o = self.offset(block, h, pos % BLOCK_SIZE);
             let (src_k, src_v) = (&k[h * hd..(h + 1) * hd], &v[h * hd..(h + 1) * hd]);
-            self.k[layer][o..o + hd]
-                .reinterpret_cast_mut::<f16>()
-                .convert_from_f32_slice(src_k);
+            // Keys are transposed within the block: dimension d of slot s at d * 16 + s.
+            let start = self.offset(block, h, 0);
+            let keys = &mut self.k[layer][start..start + BLOCK_SIZE * hd];
+            for (d, &x) in src_k.iter().enumerate() {
+                keys[d * BLOCK_SIZE + slot] = f16::from_f32(x).to_bits();
+            }
+            let o = self.offset(block, h, slot);
             self.v[layer][o..o + hd]
                 .reinterpret_cast_mut::<f16>()
                 .convert_from_f32_slice(src_v);
         }
     }
 
-    /// Copies keys and values of positions `0..n` of one KV head into `k` and `v` as f32
-    /// (`n * head_dim` each).
-    pub fn gather(
-        &self,
-        layer: usize,
-        table: &[u32],
-        head: usize,
-        n: usize,
-        k: &mut Vec<f32>,
-        v: &mut Vec<f32>,
-    ) {
-        let hd = self.head_dim;
-        k.resize(n * hd, 0.0);
-        v.resize(n * hd, 0.0);
-        for (b, &block) in table.iter().enumerate().take(n.div_ceil(BLOCK_SIZE)) {
-            let slots = (n - b * BLOCK_SIZE).min(BLOCK_SIZE);
-            let o = self.offset(block, head, 0);
-            let dst = b * BLOCK_SIZE * hd..(b * BLOCK_SIZE + slots) * hd;
-            let src = o..o + slots * hd;
-            let keys = self.k[layer][src.clone()].reinterpret_cast::<f16>();
-            keys.convert_to_f32_slice(&mut k[dst.clone()]);
-            self.v[layer][src]
-                .reinterpret_cast::<f16>()
-                .convert_to_f32_slice(&mut v[dst]);
-        }
+    /// Keys and values of KV head `head` in block `block` of layer `layer`, borrowed in place:
+    /// `BLOCK_SIZE * head_dim` each, keys transposed (`[head_dim][slot]`: dimension `d` of slot
+    /// `s` at `d * BLOCK_SIZE + s`), values slot by slot (`[slot][head_dim]`).
+    ///
+    /// Slots the owning sequence has not written yet hold whatever the block held before;
+    /// readers must mask them.
+    pub fn block(&self, layer: usize, block: u32, head: usize) -> (&[f16], &[f16]) {
+        assert!(
+            (block as usize) < self.num_blocks,
+            "block {block} out of range"
+        );
+        let o = self.offset(block, head, 0);
+        let span = o..o + BLOCK_SIZE * self.head_dim;
+        (
+            self.k[layer][span.clone()].reinterpret_cast::<f16>(),
+            self.v[layer][span].reinterpret_cast::<f16>(),
+        )
     }
 
     /// Copies every layer's contents of block `src` into block `dst` (copy-on-write).

@@ -105,8 +105,14 @@ pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5 * 2^23 rounds to an integer (ties to even) held in the low mantissa bits, so
+    // `n` comes out as both a float and an integer without a float-to-int conversion (Rust's
+    // saturating `as i32` does not vectorize on AVX2).
+    const SHIFTER: f32 = 12_582_912.0;
     let x = x.clamp(-87.3, 88.7);
-    let n = (x * LOG2E).round_ties_even();
+    let t = x * LOG2E + SHIFTER;
+    let n = t - SHIFTER;
+    let n_bits = t.to_bits().wrapping_sub(SHIFTER.to_bits());
     let r = x - n * LN2_HI - n * LN2_LO;
     // Minimax polynomial for e^r on [-ln2/2, ln2/2] (Cephes expf).
     let mut p = 1.987_569_1e-4_f32;
@@ -116,7 +122,7 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
-    f32::from_bits(e.to_bits().wrapping_add(((n as i32) << 23) as u32))
+    f32::from_bits(e.to_bits().wrapping_add(n_bits << 23))
 }
 
 /// In-place softmax of `x`.
