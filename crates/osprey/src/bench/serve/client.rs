@@ -54,12 +54,23 @@ pub async fn send(
         chunks: 0,
     };
     let result = async {
-        let resp = client
-            .post(format!("{url}/v1/chat/completions"))
-            .json(&spec.body(model))
-            .send()
-            .await
-            .map_err(|e| format!("sending: {e}"))?;
+        let body = spec.body(model);
+        let post = || {
+            client
+                .post(format!("{url}/v1/chat/completions"))
+                .json(&body)
+                .send()
+        };
+        // A pooled keep-alive connection the server has just closed fails before the request
+        // reaches it (llama-server closes them after a few requests): retry those, not others.
+        let mut resp = post().await;
+        for _ in 0..3 {
+            match &resp {
+                Err(e) if e.is_request() || e.is_connect() => resp = post().await,
+                _ => break,
+            }
+        }
+        let resp = resp.map_err(|e| format!("sending: {e}"))?;
         let status = resp.status();
         if !status.is_success() {
             let body = resp.text().await.unwrap_or_default();

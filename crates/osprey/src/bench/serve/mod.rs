@@ -48,7 +48,7 @@ pub struct ServeBenchArgs {
     /// Concurrent streams: the sweep of A (default 1,8,32) or the users of B (default 32).
     #[arg(long, short = 'c', value_delimiter = ',')]
     pub concurrency: Vec<usize>,
-    /// Requests each client sends (default: A 3, B 2, F 5 per interactive client).
+    /// Requests each client sends (default: A 3, B 1, F 5 per interactive client).
     #[arg(long)]
     pub requests_per_client: Option<usize>,
     /// F: interactive clients (short prompts, 32 tokens, latency measured).
@@ -112,7 +112,7 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
         },
         requests_per_client: args.requests_per_client.unwrap_or(match args.workload {
             WorkloadId::A => 3,
-            WorkloadId::B => 2,
+            WorkloadId::B => 1,
             WorkloadId::F => 5,
         }),
         seed: args.seed,
