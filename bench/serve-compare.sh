@@ -3,7 +3,7 @@
 # `osprey bench serve` interleaving the servers run by run:
 #   A: Osprey vs llama-server (--parallel = concurrency) at 1, 8, 32 streams, plus a chart;
 #   B: Osprey vs Osprey without prefix caching vs llama-server --parallel 32;
-#   F: Osprey's priority scheduling vs the same engine in FCFS order.
+#   F: Osprey's priority scheduling vs the same engine in FCFS order (16 seats, 32 clients).
 # Every server gets the same GGUF, 2 threads and the same KV memory (llama-server's -c tokens
 # × 23,040 bytes per token of f16 K and V). Results: $OUT/*.json, tables on stdout.
 # Usage: bash bench/serve-compare.sh [runs=3] [workloads="a b f"]
@@ -77,9 +77,11 @@ for w in $WORKLOADS; do
     stop "$osprey" "$nocache" "$llama"
     ;;
   f)
-    start_osprey 8090 40960; prio=$PID
-    start_osprey 8092 40960 --scheduling-policy fcfs; fcfs=$PID
-    bench -w f --url http://127.0.0.1:8090 --label priority --pid "$prio" \
+    # 16 seats for 8 interactive and 24 batch clients, so requests queue for admission.
+    start_osprey 8090 40960 --max-num-seqs 16; prio=$PID
+    start_osprey 8092 40960 --max-num-seqs 16 --scheduling-policy fcfs; fcfs=$PID
+    bench -w f --interactive-clients 8 --batch-clients 24 --requests-per-client 3 \
+      --url http://127.0.0.1:8090 --label priority --pid "$prio" \
       --compare http://127.0.0.1:8092 --compare-label fcfs --compare-pid "$fcfs" \
       --json "$OUT/f.json"
     stop "$prio" "$fcfs"

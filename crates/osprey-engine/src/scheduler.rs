@@ -56,7 +56,7 @@ impl Default for SchedulerConfig {
             max_num_batched_tokens: 512,
             max_num_seqs: 32,
             policy: SchedulingPolicy::Priority,
-            starvation_timeout: Duration::from_secs(30),
+            starvation_timeout: Duration::from_secs(300),
             batch_prefill_chunk: 64,
         }
     }

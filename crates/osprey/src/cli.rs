@@ -69,7 +69,7 @@ pub struct ServeArgs {
     #[arg(long, env = "OSPREY_BATCH_PREFILL_CHUNK", default_value_t = 64)]
     pub batch_prefill_chunk: usize,
     /// Seconds after which a waiting batch request is treated as interactive.
-    #[arg(long, env = "OSPREY_STARVATION_TIMEOUT", default_value_t = 30.0)]
+    #[arg(long, env = "OSPREY_STARVATION_TIMEOUT", default_value_t = 300.0)]
     pub starvation_timeout: f64,
     /// Most sequences in one forward pass.
     #[arg(long, env = "OSPREY_MAX_NUM_SEQS", default_value_t = 32)]
