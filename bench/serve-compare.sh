@@ -7,7 +7,7 @@
 # Every server gets the same GGUF, 2 threads and the same KV memory (llama-server's -c tokens
 # × 23,040 bytes per token of f16 K and V). Results: $OUT/*.json, tables on stdout.
 # Usage: bash bench/serve-compare.sh [runs=3] [workloads="a b f"]
-# Needs llama.cpp's binaries: bash ../shared/peers/llama-cpp.sh builds them (~15 min, cached).
+# A and B need llama.cpp's binaries: bash ../shared/peers/llama-cpp.sh builds them (~15 min, cached).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-3}
@@ -15,8 +15,7 @@ WORKLOADS=${2:-a b f}
 OUT=${OUT:-bench/results}
 SEED=${SEED:-0}
 PEERS=${OSPREY_PEERS:-$HOME/.cache/osprey-peers}
-LLAMA_SERVER=${LLAMA_SERVER:-$(ls "$PEERS"/llama.cpp-*/bin/llama-server 2>/dev/null | head -1)}
-[ -x "$LLAMA_SERVER" ] || { echo "llama-server not found; run ../shared/peers/llama-cpp.sh first" >&2; exit 1; }
+LLAMA_SERVER=${LLAMA_SERVER:-$(ls "$PEERS"/llama.cpp-*/bin/llama-server 2>/dev/null | head -1 || true)}
 mkdir -p "$OUT"
 cargo build --release -q
 OSPREY=${CARGO_TARGET_DIR:-target}/release/osprey
@@ -41,6 +40,7 @@ start_osprey() {
 }
 # start_llama PORT PARALLEL CTX_TOKENS; sets PID
 start_llama() {
+  [ -x "$LLAMA_SERVER" ] || { echo "llama-server not found; run ../shared/peers/llama-cpp.sh first" >&2; exit 1; }
   "$LLAMA_SERVER" -m "$MODEL" -t 2 --host 127.0.0.1 --port "$1" --parallel "$2" -c "$3" \
     >"$OUT/llama-$1.log" 2>&1 &
   PID=$!; PIDS+=("$PID"); wait_ready "$1"
@@ -80,7 +80,7 @@ for w in $WORKLOADS; do
     # 16 seats for 8 interactive and 24 batch clients, so requests queue for admission.
     start_osprey 8090 40960 --max-num-seqs 16; prio=$PID
     start_osprey 8092 40960 --max-num-seqs 16 --scheduling-policy fcfs; fcfs=$PID
-    bench -w f --interactive-clients 8 --batch-clients 24 --requests-per-client 3 \
+    bench -w f --interactive-clients 8 --batch-clients 24 --duration "${F_SECONDS:-60}" \
       --url http://127.0.0.1:8090 --label priority --pid "$prio" \
       --compare http://127.0.0.1:8092 --compare-label fcfs --compare-pid "$fcfs" \
       --json "$OUT/f.json"

@@ -21,8 +21,6 @@ pub struct Outcome {
     pub e2e: f64,
     /// Generated tokens (the server's usage count when given, else content chunks).
     pub output_tokens: u64,
-    /// Chunks with content received.
-    pub chunks: u64,
 }
 
 impl Outcome {
@@ -34,15 +32,50 @@ impl Outcome {
     }
 }
 
-/// Sends `spec` to `url` (`/v1/chat/completions`) and reads the stream to its end. Content
-/// chunks are also added to `live_tokens` as they arrive, so throughput can count requests
-/// that are cut off.
+/// Tokens served per class, counted as they stream in, so that requests cut off at the end of
+/// a measurement window count for what they got.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Prompt tokens of requests whose first token arrived (so their prompt was processed).
+    prompt: [AtomicU64; 2],
+    /// Output tokens received.
+    output: [AtomicU64; 2],
+}
+
+impl Tally {
+    fn slot(class: Class) -> usize {
+        match class {
+            Class::Interactive => 0,
+            Class::Batch => 1,
+        }
+    }
+
+    /// Counts `n` prompt tokens of `class` as processed.
+    pub fn add_prompt(&self, class: Class, n: u64) {
+        self.prompt[Self::slot(class)].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts `n` output tokens of `class` as received.
+    pub fn add_output(&self, class: Class, n: u64) {
+        self.output[Self::slot(class)].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// (prompt, output) tokens of `class` so far.
+    pub fn of(&self, class: Class) -> (u64, u64) {
+        let i = Self::slot(class);
+        let get = |c: &[AtomicU64; 2]| c[i].load(Ordering::Relaxed);
+        (get(&self.prompt), get(&self.output))
+    }
+}
+
+/// Sends `spec` to `url` (`/v1/chat/completions`) and reads the stream to its end, counting
+/// its tokens into `tally` as they arrive.
 pub async fn send(
     client: &reqwest::Client,
     url: &str,
     model: &str,
     spec: &RequestSpec,
-    live_tokens: &Arc<AtomicU64>,
+    tally: &Arc<Tally>,
 ) -> Outcome {
     let start = Instant::now();
     let mut outcome = Outcome {
@@ -51,7 +84,6 @@ pub async fn send(
         ttft: None,
         e2e: 0.0,
         output_tokens: 0,
-        chunks: 0,
     };
     let result = async {
         let body = spec.body(model);
@@ -101,10 +133,10 @@ pub async fn send(
                     if content.as_str().is_some_and(|c| !c.is_empty()) {
                         if outcome.ttft.is_none() {
                             outcome.ttft = Some(start.elapsed().as_secs_f64());
+                            tally.add_prompt(spec.class, spec.prompt_tokens as u64);
                         }
                         chunks += 1;
-                        outcome.chunks += 1;
-                        live_tokens.fetch_add(1, Ordering::Relaxed);
+                        tally.add_output(spec.class, 1);
                     }
                     if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
                         usage = Some(n);
@@ -112,7 +144,10 @@ pub async fn send(
                 }
             }
         }
-        Ok(usage.unwrap_or(chunks))
+        // A chunk can carry more than one token: the server's count is the exact one.
+        let tokens = usage.unwrap_or(chunks);
+        tally.add_output(spec.class, tokens.saturating_sub(chunks));
+        Ok(tokens)
     }
     .await;
     outcome.e2e = start.elapsed().as_secs_f64();

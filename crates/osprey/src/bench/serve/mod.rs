@@ -14,7 +14,6 @@ mod workload;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -23,7 +22,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use osprey_engine::Tokenizer;
 use osprey_models::GgufFile;
 
-use client::Outcome;
+use client::{Outcome, Tally};
 use report::{LevelReport, LevelRun, Report, ServerInfo, ServerLevel};
 use workload::{Class, Level, Shape, WorkloadId};
 
@@ -48,7 +47,8 @@ pub struct ServeBenchArgs {
     /// Concurrent streams: the sweep of A (default 1,8,32) or the users of B (default 32).
     #[arg(long, short = 'c', value_delimiter = ',')]
     pub concurrency: Vec<usize>,
-    /// Requests each client sends (default: A 3, B 1, F 5 per interactive client).
+    /// Requests each client sends (default: A 3, B 1); in F, the distinct requests each
+    /// interactive client goes round (default 5).
     #[arg(long)]
     pub requests_per_client: Option<usize>,
     /// F: interactive clients (short prompts, 32 tokens, latency measured).
@@ -57,6 +57,9 @@ pub struct ServeBenchArgs {
     /// F: batch clients (600–900-token prompts, 128 tokens, sent back to back as load).
     #[arg(long, default_value_t = 40)]
     pub batch_clients: usize,
+    /// F: seconds each run measures; every client goes round its requests until then.
+    #[arg(long, default_value_t = 60.0)]
+    pub duration: f64,
     /// Repetitions; medians are reported.
     #[arg(long, short = 'r', default_value_t = 3)]
     pub runs: usize,
@@ -118,6 +121,10 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
         seed: args.seed,
         interactive_clients: args.interactive_clients,
         batch_clients: args.batch_clients,
+        window: Duration::try_from_secs_f64(args.duration)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .context("--duration must be a positive number of seconds")?,
     };
     // Fresh text each run (seed + run), so no server is served from its cache a repeat of an
     // earlier run's prompts; the shape is the same every run.
@@ -163,16 +170,22 @@ async fn measure(args: &ServeBenchArgs, runs: Vec<Vec<Level>>) -> anyhow::Result
         });
     }
 
-    let total: usize = levels
-        .iter()
-        .map(|l| fg_requests(l) * targets.len())
-        .sum::<usize>()
-        * args.runs;
-    let bar = ProgressBar::new(total as u64);
+    // Windowed levels advance the bar by the second, the others by the request.
+    let (per_level, unit): (fn(&Level) -> u64, _) = match levels[0].window {
+        Some(_) => (|l| l.window.map_or(0, |w| w.as_secs()), "s"),
+        None => (
+            |l| l.clients.iter().map(|c| c.requests.len() as u64).sum(),
+            "requests",
+        ),
+    };
+    let total: u64 = levels.iter().map(per_level).sum::<u64>() * (targets.len() * args.runs) as u64;
+    let bar = ProgressBar::new(total);
     bar.set_style(
-        ProgressStyle::with_template("{msg:24} [{bar:30}] {pos}/{len} requests ({elapsed})")
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(&format!(
+            "{{msg:24}} [{{bar:30}}] {{pos}}/{{len}} {unit} ({{elapsed}})"
+        ))
+        .expect("valid template")
+        .progress_chars("=> "),
     );
     // results[level][target] = runs
     let mut results: Vec<Vec<Vec<LevelRun>>> = vec![vec![Vec::new(); targets.len()]; levels.len()];
@@ -269,69 +282,76 @@ fn merge_reports(args: &ServeBenchArgs) -> anyhow::Result<()> {
     output(args, &report)
 }
 
-fn fg_requests(level: &Level) -> usize {
-    level
-        .clients
-        .iter()
-        .filter(|c| !c.background)
-        .map(|c| c.requests.len())
-        .sum()
-}
-
-/// Runs one level against one server: warm-up, then every client at once until the
-/// foreground clients are done.
+/// Runs one level against one server: warm-up, then every client at once, until the clients
+/// are done or the level's window ends.
 async fn run_level(
     http: &reqwest::Client,
     target: &Target,
     level: &Level,
     bar: &ProgressBar,
 ) -> LevelRun {
-    let quiet = Arc::new(AtomicU64::new(0));
+    let quiet = Arc::new(Tally::default());
     for spec in &level.warmup {
         client::send(http, &target.url, &target.model, spec, &quiet).await;
     }
     let counters = prefix_counters(http, &target.url).await;
-    let live = Arc::new(AtomicU64::new(0));
+    let tally = Arc::new(Tally::default());
     let finished = Arc::new(std::sync::Mutex::new(Vec::<Outcome>::new()));
     let start = Instant::now();
-    let mut foreground = Vec::new();
-    let mut background = Vec::new();
-    for plan in &level.clients {
-        let (http, url, model) = (http.clone(), target.url.clone(), target.model.clone());
-        let (plan, live, finished, bar) =
-            (plan.clone(), live.clone(), finished.clone(), bar.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                for spec in &plan.requests {
-                    let o = client::send(&http, &url, &model, spec, &live).await;
-                    finished.lock().expect("not poisoned").push(o);
-                    if !plan.background {
-                        bar.inc(1);
+    let tasks: Vec<_> = level
+        .clients
+        .iter()
+        .map(|plan| {
+            let (http, url, model) = (http.clone(), target.url.clone(), target.model.clone());
+            let (plan, tally, finished, bar) =
+                (plan.clone(), tally.clone(), finished.clone(), bar.clone());
+            let repeat = level.window.is_some();
+            tokio::spawn(async move {
+                for round in 0.. {
+                    for spec in &plan.requests {
+                        let spec = spec.repeated(round);
+                        let o = client::send(&http, &url, &model, &spec, &tally).await;
+                        let failed = o.error.is_some();
+                        finished.lock().expect("not poisoned").push(o);
+                        if failed && repeat {
+                            // A refusal comes back at once: don't spin on it until the end.
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        if !repeat {
+                            bar.inc(1);
+                        }
+                    }
+                    if !repeat {
+                        break;
                     }
                 }
-                if !plan.background {
-                    return;
-                }
+            })
+        })
+        .collect();
+    let wall = match level.window {
+        Some(window) => {
+            // Cut everything off at the end of the window: completed requests give the
+            // latencies, and the tally counts what the unfinished ones had received.
+            let mut ticks = tokio::time::interval(Duration::from_secs(1));
+            ticks.tick().await;
+            for _ in 0..window.as_secs() {
+                ticks.tick().await;
+                bar.inc(1);
             }
-        });
-        if plan.background {
-            background.push(task)
-        } else {
-            foreground.push(task)
+            tokio::time::sleep_until((start + window).into()).await;
+            for task in &tasks {
+                task.abort();
+            }
+            window.as_secs_f64()
         }
-    }
-    for task in foreground {
-        task.await.expect("a client task");
-    }
-    let wall = start.elapsed().as_secs_f64();
-    // Background clients are cut off: what they completed counts, and so do the tokens their
-    // unfinished requests had streamed.
-    for task in &background {
-        task.abort();
-    }
+        None => {
+            for task in tasks {
+                task.await.expect("a client task");
+            }
+            start.elapsed().as_secs_f64()
+        }
+    };
     let outcomes = std::mem::take(&mut *finished.lock().expect("not poisoned"));
-    let streamed = live.load(Ordering::Relaxed);
-    let completed_chunks: u64 = outcomes.iter().map(|o| o.chunks).sum();
     let mut classes: Vec<Class> = level
         .clients
         .iter()
@@ -339,9 +359,8 @@ async fn run_level(
         .collect();
     classes.sort();
     classes.dedup();
-    let cut_off = streamed.saturating_sub(completed_chunks);
-    let mut run = LevelRun::new(&outcomes, &classes, cut_off, wall);
-    if !background.is_empty() {
+    let mut run = LevelRun::new(&outcomes, &classes, &tally, wall);
+    if level.window.is_some() {
         // Give the server a moment to notice the disconnects before the next level.
         tokio::time::sleep(Duration::from_secs(2)).await;
     }

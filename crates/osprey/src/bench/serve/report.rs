@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::client::Outcome;
+use super::client::{Outcome, Tally};
 use super::workload::Class;
 
 /// Figures of one group of requests (a class, or all) in one level of one run. Latencies are
@@ -15,6 +15,10 @@ pub struct Figures {
     pub errors: usize,
     /// Output tokens per second of wall time (of this group's tokens).
     pub output_tokens_per_s: f64,
+    /// Prompt and output tokens per second: everything the server computed for requests that
+    /// got their first token, which is the work a scheduler can trade between classes.
+    #[serde(default)]
+    pub total_tokens_per_s: f64,
     #[serde(deserialize_with = "null_as_nan")]
     pub ttft_p50_s: f64,
     #[serde(deserialize_with = "null_as_nan")]
@@ -44,15 +48,17 @@ fn median_value(mut v: Vec<f64>) -> f64 {
 }
 
 impl Figures {
-    /// Figures of `outcomes`, which produced `tokens` output tokens in `wall` seconds.
-    pub fn of(outcomes: &[&Outcome], tokens: u64, wall: f64) -> Self {
+    /// Figures of `outcomes`, whose group was served `(prompt, output)` tokens in `wall`
+    /// seconds (including requests still running when the level ended).
+    pub fn of(outcomes: &[&Outcome], (prompt, output): (u64, u64), wall: f64) -> Self {
         let ok: Vec<&&Outcome> = outcomes.iter().filter(|o| o.error.is_none()).collect();
         let mut ttft: Vec<f64> = ok.iter().filter_map(|o| o.ttft).collect();
         let mut tpot: Vec<f64> = ok.iter().filter_map(|o| o.tpot()).collect();
         Self {
             requests: outcomes.len(),
             errors: outcomes.len() - ok.len(),
-            output_tokens_per_s: tokens as f64 / wall.max(1e-9),
+            output_tokens_per_s: output as f64 / wall.max(1e-9),
+            total_tokens_per_s: (prompt + output) as f64 / wall.max(1e-9),
             ttft_p50_s: percentile(&mut ttft, 50.0),
             ttft_p99_s: percentile(&mut ttft, 99.0),
             tpot_p50_s: percentile(&mut tpot, 50.0),
@@ -67,6 +73,7 @@ impl Figures {
             requests: runs.iter().map(|r| r.requests).max().unwrap_or(0),
             errors: runs.iter().map(|r| r.errors).max().unwrap_or(0),
             output_tokens_per_s: m(|r| r.output_tokens_per_s),
+            total_tokens_per_s: m(|r| r.total_tokens_per_s),
             ttft_p50_s: m(|r| r.ttft_p50_s),
             ttft_p99_s: m(|r| r.ttft_p99_s),
             tpot_p50_s: m(|r| r.tpot_p50_s),
@@ -81,6 +88,7 @@ impl Figures {
             requests: self.requests,
             errors: self.errors,
             output_tokens_per_s: self.output_tokens_per_s / other.output_tokens_per_s,
+            total_tokens_per_s: self.total_tokens_per_s / other.total_tokens_per_s,
             ttft_p50_s: other.ttft_p50_s / self.ttft_p50_s,
             ttft_p99_s: other.ttft_p99_s / self.ttft_p99_s,
             tpot_p50_s: other.tpot_p50_s / self.tpot_p50_s,
@@ -103,28 +111,22 @@ pub struct LevelRun {
 }
 
 impl LevelRun {
-    /// Groups the outcomes of a level: `cut_off_tokens` were streamed by (background, batch)
-    /// requests that were still running when the level ended.
-    /// `classes` are those the level's plan sends (each gets a group when there are several).
-    pub fn new(outcomes: &[Outcome], classes: &[Class], cut_off_tokens: u64, wall_s: f64) -> Self {
+    /// Groups the outcomes of a level, whose tokens `tally` counted. `classes` are those the
+    /// level's plan sends (each gets a group when there are several).
+    pub fn new(outcomes: &[Outcome], classes: &[Class], tally: &Tally, wall_s: f64) -> Self {
         let mut groups = BTreeMap::new();
         let all: Vec<&Outcome> = outcomes.iter().collect();
-        let tokens = |os: &[&Outcome]| os.iter().map(|o| o.output_tokens).sum::<u64>();
-        groups.insert(
-            "all".to_owned(),
-            Figures::of(&all, tokens(&all) + cut_off_tokens, wall_s),
-        );
+        let tokens = classes
+            .iter()
+            .map(|&c| tally.of(c))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        groups.insert("all".to_owned(), Figures::of(&all, tokens, wall_s));
         if classes.len() > 1 {
             for &class in classes {
                 let os: Vec<&Outcome> = all.iter().copied().filter(|o| o.class == class).collect();
                 let name = serde_json::to_value(class).expect("a string");
                 let name = name.as_str().expect("a string").to_owned();
-                let cut_off = if class == Class::Batch {
-                    cut_off_tokens
-                } else {
-                    0
-                };
-                groups.insert(name, Figures::of(&os, tokens(&os) + cut_off, wall_s));
+                groups.insert(name, Figures::of(&os, tally.of(class), wall_s));
             }
         }
         Self {
@@ -233,13 +235,14 @@ pub fn table(report: &Report) -> String {
         report.workload, report.runs, report.seed
     );
     out += &format!(
-        "{:<14} {:<14} {:<12} {:>5} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6}\n",
+        "{:<14} {:<14} {:<12} {:>5} {:>4} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6}\n",
         "level",
         "server",
         "requests",
         "n",
         "err",
         "out tok/s",
+        "all tok/s",
         "TTFT p50",
         "TTFT p99",
         "TPOT p50",
@@ -254,13 +257,14 @@ pub fn table(report: &Report) -> String {
                     .filter(|_| group == "all")
                     .map_or("-".into(), |r| format!("{:.0}", r * 100.0));
                 out += &format!(
-                    "{:<14} {:<14} {:<12} {:>5} {:>4} {:>10.1} {:>9} {:>9} {:>9} {:>9} {:>6}\n",
+                    "{:<14} {:<14} {:<12} {:>5} {:>4} {:>10.1} {:>10.1} {:>9} {:>9} {:>9} {:>9} {:>6}\n",
                     level.name,
                     s.server,
                     group,
                     f.requests,
                     f.errors,
                     f.output_tokens_per_s,
+                    f.total_tokens_per_s,
                     secs(f.ttft_p50_s),
                     secs(f.ttft_p99_s),
                     secs(f.tpot_p50_s),
@@ -273,13 +277,14 @@ pub fn table(report: &Report) -> String {
         for (other, adv) in &level.advantage {
             for (group, f) in adv {
                 out += &format!(
-                    "{:<14} {:<14} {:<12} {:>5} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9}\n",
+                    "{:<14} {:<14} {:<12} {:>5} {:>4} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}\n",
                     level.name,
                     format!("{}÷{}", short(first), short(other)),
                     group,
                     "",
                     "",
                     times(f.output_tokens_per_s),
+                    times(f.total_tokens_per_s),
                     times(f.ttft_p50_s),
                     times(f.ttft_p99_s),
                     times(f.tpot_p50_s),
@@ -293,8 +298,8 @@ pub fn table(report: &Report) -> String {
             out += &format!("peak RSS of {}: {rss:.0} MiB\n", s.label);
         }
     }
-    out += "ratios (÷ rows): how many times better the first server is (tokens/s: higher; \
-            latencies: lower), so above 1 favours it\n";
+    out += "all tok/s counts prompt and output tokens; ratios (÷ rows): how many times better \
+            the first server is (tokens/s: higher; latencies: lower), so above 1 favours it\n";
     out
 }
 
@@ -313,7 +318,6 @@ mod tests {
             ttft: Some(ttft),
             e2e,
             output_tokens: tokens,
-            chunks: tokens,
         }
     }
 
@@ -327,7 +331,7 @@ mod tests {
     }
 
     #[test]
-    fn figures_group_by_class_and_count_cut_off_tokens_as_batch() {
+    fn figures_group_by_class_and_count_every_token_served() {
         let mut failed = outcome(Class::Interactive, 0.0, 1.0, 0);
         failed.error = Some("HTTP 503".into());
         let outcomes = [
@@ -336,12 +340,24 @@ mod tests {
             failed,
             outcome(Class::Batch, 1.0, 5.0, 5),
         ];
-        let run = LevelRun::new(&outcomes, &[Class::Interactive, Class::Batch], 20, 10.0);
+        // What the outcomes got, plus a batch request cut off after 20 tokens of a 700-token
+        // prompt.
+        let tally = Tally::default();
+        tally.add_prompt(Class::Interactive, 2 * 100);
+        tally.add_output(Class::Interactive, 22);
+        tally.add_prompt(Class::Batch, 300 + 700);
+        tally.add_output(Class::Batch, 5 + 20);
+        let run = LevelRun::new(&outcomes, &[Class::Interactive, Class::Batch], &tally, 10.0);
         let all = run.groups["all"];
         assert_eq!((all.requests, all.errors), (4, 1));
         assert_eq!(all.output_tokens_per_s, (11.0 + 11.0 + 5.0 + 20.0) / 10.0);
+        assert_eq!(
+            all.total_tokens_per_s,
+            (200.0 + 22.0 + 1000.0 + 25.0) / 10.0
+        );
         let i = run.groups["interactive"];
         assert_eq!(i.output_tokens_per_s, 2.2);
+        assert_eq!(i.total_tokens_per_s, 22.2);
         assert_eq!((i.ttft_p50_s, i.ttft_p99_s), (0.1, 0.3));
         assert!((i.tpot_p99_s - 0.2).abs() < 1e-12);
         assert_eq!(run.groups["batch"].output_tokens_per_s, 2.5);

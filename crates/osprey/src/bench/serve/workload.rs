@@ -1,6 +1,8 @@
 //! The workloads of `../shared/BENCHMARKS.md` as request plans, with prompts generated from a
 //! seed: the text differs between seeds, the shape (token counts, sharing) does not.
 
+use std::time::Duration;
+
 use osprey_engine::Tokenizer;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -13,7 +15,7 @@ pub enum WorkloadId {
     A,
     /// 32 users sharing one 1,000-token system prompt, each with its own question.
     B,
-    /// Interactive and batch requests mixed at a fixed ratio.
+    /// Interactive and batch clients at a fixed ratio, over a fixed window.
     F,
 }
 
@@ -32,6 +34,8 @@ pub enum Class {
 pub struct RequestSpec {
     pub class: Class,
     pub messages: Value,
+    /// Tokens of the generated message text (the chat template adds a few of its own).
+    pub prompt_tokens: usize,
     pub max_tokens: usize,
 }
 
@@ -52,15 +56,24 @@ impl RequestSpec {
         }
         body
     }
+
+    /// The same request for the `round`-th pass over a client's list: its first message opens
+    /// with the round number, so no prefix cache can serve it from an earlier pass.
+    pub fn repeated(&self, round: usize) -> Self {
+        let mut spec = self.clone();
+        if round > 0
+            && let Some(content) = spec.messages[0]["content"].as_str()
+        {
+            spec.messages[0]["content"] = format!("{round}. {content}").into();
+        }
+        spec
+    }
 }
 
 /// A simulated user: sends its requests one after another.
 #[derive(Clone, Debug)]
 pub struct ClientPlan {
     pub requests: Vec<RequestSpec>,
-    /// Background load: repeats its requests until every foreground client is done, then is
-    /// cut off (its partial output still counts towards throughput).
-    pub background: bool,
 }
 
 /// One measured level of a workload (e.g. A at 8 streams).
@@ -72,6 +85,10 @@ pub struct Level {
     pub clients: Vec<ClientPlan>,
     /// Requests sent once, unmeasured, before the level (the same for every server).
     pub warmup: Vec<RequestSpec>,
+    /// A fixed measurement window: every client goes round its requests until it ends, and
+    /// whatever is still running then is cut off. Without one, each client sends its requests
+    /// once and the level ends when the last is answered.
+    pub window: Option<Duration>,
 }
 
 /// Options that shape the workloads.
@@ -84,6 +101,8 @@ pub struct Shape {
     /// F: interactive clients and batch clients.
     pub interactive_clients: usize,
     pub batch_clients: usize,
+    /// F: the measurement window.
+    pub window: Duration,
 }
 
 /// Makes prompt text of an exact token length from the model's own vocabulary.
@@ -111,6 +130,11 @@ impl<'a> PromptMaker<'a> {
 
     /// Text of `n` tokens (by this tokenizer): sentences of random words.
     pub fn text(&mut self, n: usize) -> String {
+        self.prompt(n).0
+    }
+
+    /// Text of at most `n` tokens, and its exact length in tokens.
+    pub fn prompt(&mut self, n: usize) -> (String, usize) {
         let mut text = String::new();
         let mut sentence = 0;
         let mut words = 0;
@@ -133,11 +157,37 @@ impl<'a> PromptMaker<'a> {
             }
         }
         // Trim whole words back to at most n tokens.
-        while self.tokenizer.encode(&text, false).len() > n {
+        loop {
+            let len = self.tokenizer.encode(&text, false).len();
+            if len <= n {
+                return (text, len);
+            }
             let cut = text.trim_end().rfind(' ').unwrap_or(0);
             text.truncate(cut);
         }
-        text
+    }
+
+    /// A request of `class` with a user message of about `n` tokens, after `system`.
+    fn request(
+        &mut self,
+        class: Class,
+        system: Option<&str>,
+        n: usize,
+        max_tokens: usize,
+    ) -> RequestSpec {
+        let (text, len) = self.prompt(n);
+        let messages = match system {
+            Some(system) => {
+                json!([{"role": "system", "content": system}, {"role": "user", "content": text}])
+            }
+            None => json!([{"role": "user", "content": text}]),
+        };
+        RequestSpec {
+            class,
+            messages,
+            prompt_tokens: len,
+            max_tokens,
+        }
     }
 
     /// A length drawn uniformly from `range`.
@@ -146,17 +196,10 @@ impl<'a> PromptMaker<'a> {
     }
 }
 
-fn user(text: String) -> Value {
-    json!([{"role": "user", "content": text}])
-}
-
-fn system_user(system: &str, text: String) -> Value {
-    json!([{"role": "system", "content": system}, {"role": "user", "content": text}])
-}
-
 /// The levels of a workload.
 pub fn levels(id: WorkloadId, shape: &Shape, tokenizer: &Tokenizer) -> Vec<Level> {
     let mut p = PromptMaker::new(tokenizer, shape.seed);
+    let per_client = shape.requests_per_client;
     match id {
         WorkloadId::A => shape
             .concurrency
@@ -164,28 +207,20 @@ pub fn levels(id: WorkloadId, shape: &Shape, tokenizer: &Tokenizer) -> Vec<Level
             .map(|&c| {
                 let clients = (0..c)
                     .map(|_| ClientPlan {
-                        requests: (0..shape.requests_per_client)
+                        requests: (0..per_client)
                             .map(|_| {
                                 let n = p.len(160..=240);
-                                RequestSpec {
-                                    class: Class::Interactive,
-                                    messages: user(p.text(n)),
-                                    max_tokens: 128,
-                                }
+                                p.request(Class::Interactive, None, n, 128)
                             })
                             .collect(),
-                        background: false,
                     })
                     .collect();
                 Level {
                     name: format!("A c={c}"),
                     concurrency: c,
                     clients,
-                    warmup: vec![RequestSpec {
-                        class: Class::Interactive,
-                        messages: user(p.text(32)),
-                        max_tokens: 8,
-                    }],
+                    warmup: vec![p.request(Class::Interactive, None, 32, 8)],
+                    window: None,
                 }
             })
             .collect(),
@@ -194,76 +229,51 @@ pub fn levels(id: WorkloadId, shape: &Shape, tokenizer: &Tokenizer) -> Vec<Level
             let users = shape.concurrency.first().copied().unwrap_or(32);
             let clients = (0..users)
                 .map(|_| ClientPlan {
-                    requests: (0..shape.requests_per_client)
+                    requests: (0..per_client)
                         .map(|_| {
                             let n = p.len(40..=60);
-                            RequestSpec {
-                                class: Class::Interactive,
-                                messages: system_user(&system, p.text(n)),
-                                max_tokens: 64,
-                            }
+                            p.request(Class::Interactive, Some(&system), n, 64)
                         })
                         .collect(),
-                    background: false,
                 })
                 .collect();
             // The system prompt has been seen before, as in any deployment that has been up.
-            let warmup = vec![RequestSpec {
-                class: Class::Interactive,
-                messages: system_user(&system, p.text(20)),
-                max_tokens: 4,
-            }];
+            let warmup = vec![p.request(Class::Interactive, Some(&system), 20, 4)];
             vec![Level {
                 name: format!("B users={users}"),
                 concurrency: users,
                 clients,
                 warmup,
+                window: None,
             }]
         }
         WorkloadId::F => {
             let mut clients = Vec::new();
             for _ in 0..shape.interactive_clients {
-                let requests = (0..shape.requests_per_client)
+                let requests = (0..per_client)
                     .map(|_| {
                         let n = p.len(80..=120);
-                        RequestSpec {
-                            class: Class::Interactive,
-                            messages: user(p.text(n)),
-                            max_tokens: 32,
-                        }
+                        p.request(Class::Interactive, None, n, 32)
                     })
                     .collect();
-                clients.push(ClientPlan {
-                    requests,
-                    background: false,
-                });
+                clients.push(ClientPlan { requests });
             }
             for _ in 0..shape.batch_clients {
                 let requests = (0..3)
                     .map(|_| {
                         let n = p.len(600..=900);
-                        RequestSpec {
-                            class: Class::Batch,
-                            messages: user(p.text(n)),
-                            max_tokens: 128,
-                        }
+                        p.request(Class::Batch, None, n, 128)
                     })
                     .collect();
-                clients.push(ClientPlan {
-                    requests,
-                    background: true,
-                });
+                clients.push(ClientPlan { requests });
             }
             let (i, b) = (shape.interactive_clients, shape.batch_clients);
             vec![Level {
                 name: format!("F {i}i+{b}b"),
                 concurrency: i + b,
                 clients,
-                warmup: vec![RequestSpec {
-                    class: Class::Interactive,
-                    messages: user(p.text(32)),
-                    max_tokens: 8,
-                }],
+                warmup: vec![p.request(Class::Interactive, None, 32, 8)],
+                window: Some(shape.window),
             }]
         }
     }
@@ -284,10 +294,11 @@ mod tests {
         let mut a = PromptMaker::new(&t, 1);
         let mut b = PromptMaker::new(&t, 2);
         for n in [50, 200, 1000] {
-            let (x, y) = (a.text(n), b.text(n));
+            let ((x, x_len), (y, y_len)) = (a.prompt(n), b.prompt(n));
             assert_ne!(x, y);
-            for text in [&x, &y] {
+            for (text, counted) in [(&x, x_len), (&y, y_len)] {
                 let len = t.encode(text, false).len();
+                assert_eq!(len, counted);
                 assert!((n - 3..=n).contains(&len), "{len} tokens for {n}");
             }
         }
@@ -302,6 +313,7 @@ mod tests {
             seed: 7,
             interactive_clients: 0,
             batch_clients: 0,
+            window: Duration::from_secs(1),
         };
         let levels = levels(WorkloadId::B, &shape, &t);
         let requests: Vec<&RequestSpec> =
@@ -314,5 +326,11 @@ mod tests {
             .map(|r| r.messages[1]["content"].to_string())
             .collect();
         assert_eq!(questions.len(), 8, "every user asks their own question");
+        let again = requests[0].repeated(1);
+        assert_ne!(
+            again.messages[0]["content"], *system,
+            "a repeat starts differently"
+        );
+        assert_eq!(again.messages[1], requests[0].messages[1]);
     }
 }
