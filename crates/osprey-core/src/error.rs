@@ -11,12 +11,18 @@ pub enum ErrorKind {
     NotFound,
     /// No or wrong credentials (401).
     Unauthorized,
+    /// The caller may not do this (403).
+    Forbidden,
     /// The caller is over a rate limit (429).
     RateLimited,
     /// The server is at capacity or not ready; retry later (503).
     Unavailable,
     /// A bug or an unexpected failure inside the server (500).
     Internal,
+    /// An upstream server failed or could not be reached (502).
+    BadGateway,
+    /// An upstream server did not answer in time (504).
+    GatewayTimeout,
 }
 
 /// A failure with a message for the caller, in OpenAI's terms.

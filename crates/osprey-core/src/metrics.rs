@@ -42,3 +42,19 @@ pub const PREEMPTIONS: &str = "osprey_preemptions_total";
 pub const STEP_DURATION: &str = "osprey_engine_step_seconds";
 /// Requests refused because the waiting queue was full.
 pub const REJECTED_OVERLOADED: &str = "osprey_requests_rejected_overloaded_total";
+/// Gauge: 1 while rate limits are shared through Redis, 0 while this replica falls back to
+/// local limits.
+pub const RATELIMIT_REDIS_UP: &str = "osprey_ratelimit_redis_up";
+/// Counter: Redis calls of the rate limiter that failed or timed out.
+pub const RATELIMIT_REDIS_ERRORS: &str = "osprey_ratelimit_redis_errors_total";
+/// Counter: requests refused with 429, by tenant and limit (`requests`, `tokens`,
+/// `concurrency`).
+pub const RATE_LIMITED: &str = "osprey_requests_rate_limited_total";
+/// Counter: requests refused for a missing, unknown, expired or revoked key.
+pub const AUTH_FAILURES: &str = "osprey_auth_failures_total";
+/// Counter: requests shed by admission control, by priority.
+pub const ADMISSION_SHED: &str = "osprey_requests_shed_total";
+/// Gauge: requests in flight through the gateway.
+pub const IN_FLIGHT: &str = "osprey_requests_in_flight";
+/// Counter: requests forwarded to an upstream, by model and outcome.
+pub const UPSTREAM_REQUESTS: &str = "osprey_upstream_requests_total";

@@ -24,9 +24,12 @@ fn classify(kind: ErrorKind) -> (StatusCode, &'static str) {
         ErrorKind::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error"),
         ErrorKind::NotFound => (StatusCode::NOT_FOUND, "invalid_request_error"),
         ErrorKind::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error"),
+        ErrorKind::Forbidden => (StatusCode::FORBIDDEN, "permission_error"),
         ErrorKind::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
         ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
         ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
+        ErrorKind::BadGateway => (StatusCode::BAD_GATEWAY, "server_error"),
+        ErrorKind::GatewayTimeout => (StatusCode::GATEWAY_TIMEOUT, "server_error"),
     }
 }
 

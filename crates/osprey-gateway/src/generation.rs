@@ -54,6 +54,7 @@ pub fn merge(choices: Vec<(usize, Generation)>) -> Deltas {
 /// Latency metrics of one request: time to first token, time per output token, end to end,
 /// labelled by model and priority.
 pub struct RequestTimer {
+    usage: std::sync::Arc<crate::edge::UsageReport>,
     model: String,
     priority: &'static str,
     start: Instant,
@@ -61,9 +62,14 @@ pub struct RequestTimer {
 }
 
 impl RequestTimer {
-    /// Starts timing a request for `model` at `priority`.
-    pub fn new(model: &str, priority: Priority) -> Self {
+    /// Starts timing a request for `model` at `priority`; its token counts go to `usage`.
+    pub fn new(
+        model: &str,
+        priority: Priority,
+        usage: std::sync::Arc<crate::edge::UsageReport>,
+    ) -> Self {
         Self {
+            usage,
             model: model.to_owned(),
             priority: priority.as_str(),
             start: Instant::now(),
@@ -89,6 +95,8 @@ impl RequestTimer {
 
     /// Records the end of a request and its token counts.
     pub fn finish(&self, prompt_tokens: usize, completion_tokens: usize) {
+        self.usage
+            .set(prompt_tokens as u64, completion_tokens as u64);
         let labels = [
             ("model", self.model.clone()),
             ("priority", self.priority.to_owned()),

@@ -19,11 +19,17 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod admission;
+pub mod auth;
+pub mod config;
+pub mod edge;
 pub mod error;
 pub mod generation;
+pub mod limits;
 pub mod metrics;
 pub mod routes;
 pub mod state;
+pub mod upstream;
 
 pub use routes::{HttpConfig, router};
 pub use state::AppState;

@@ -1,10 +1,15 @@
-//! What every handler shares: the served model and, once loaded, its engine.
+//! What every handler shares: the served models (the local engine, set once loading finishes
+//! so the server answers `/health` while the model loads; and upstream models), and the edge.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use osprey_core::{Error, ErrorKind};
 use osprey_engine::Engine;
+
+use crate::edge::Edge;
+use crate::upstream::Upstream;
 
 /// Shared, cheaply cloned handler state.
 #[derive(Clone)]
@@ -13,38 +18,75 @@ pub struct AppState {
 }
 
 struct Inner {
-    model_name: String,
+    local: Option<LocalModel>,
+    upstreams: BTreeMap<String, Arc<Upstream>>,
+    edge: Arc<Edge>,
     created: u64,
+}
+
+struct LocalModel {
+    name: String,
     engine: OnceLock<Engine>,
     load_error: OnceLock<String>,
 }
 
+/// Where a model's requests go.
+pub enum Backend {
+    /// The engine in this process.
+    Local(Engine),
+    /// An OpenAI-compatible server elsewhere.
+    Upstream(Arc<Upstream>),
+}
+
 impl AppState {
-    /// State for a server that will serve `model_name` once its engine is set.
+    /// State for a server that will serve `model_name` on its own engine once it is set, with
+    /// an open edge (no keys, default limits).
     pub fn new(model_name: impl Into<String>) -> Self {
+        Self::with_models(Some(model_name.into()), Vec::new(), Edge::open())
+    }
+
+    /// State serving `local` (a model name, if this process runs an engine) and `upstreams`,
+    /// behind `edge`.
+    pub fn with_models(local: Option<String>, upstreams: Vec<Upstream>, edge: Edge) -> Self {
         Self {
             inner: Arc::new(Inner {
-                model_name: model_name.into(),
+                local: local.map(|name| LocalModel {
+                    name,
+                    engine: OnceLock::new(),
+                    load_error: OnceLock::new(),
+                }),
+                upstreams: upstreams
+                    .into_iter()
+                    .map(|u| (u.name.clone(), Arc::new(u)))
+                    .collect(),
+                edge: Arc::new(edge),
                 created: unix_now(),
-                engine: OnceLock::new(),
-                load_error: OnceLock::new(),
             }),
         }
     }
 
     /// Marks the model loaded: requests are served from now on.
     pub fn set_engine(&self, engine: Engine) {
-        let _ = self.inner.engine.set(engine);
+        if let Some(local) = &self.inner.local {
+            let _ = local.engine.set(engine);
+        }
     }
 
     /// Records that loading failed: requests get a 503 saying why.
     pub fn set_load_error(&self, error: String) {
-        let _ = self.inner.load_error.set(error);
+        if let Some(local) = &self.inner.local {
+            let _ = local.load_error.set(error);
+        }
     }
 
-    /// The served model's name.
-    pub fn model_name(&self) -> &str {
-        &self.inner.model_name
+    /// The local model's name, if this server runs one.
+    pub fn model_name(&self) -> Option<&str> {
+        self.inner.local.as_ref().map(|l| l.name.as_str())
+    }
+
+    /// The upstream models.
+    pub fn upstreams(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.inner.upstreams.values()
     }
 
     /// When the server started (Unix seconds).
@@ -52,20 +94,38 @@ impl AppState {
         self.inner.created
     }
 
-    /// The engine, once loaded.
+    /// The local engine, once loaded.
     pub fn engine(&self) -> Option<&Engine> {
-        self.inner.engine.get()
+        self.inner.local.as_ref()?.engine.get()
     }
 
-    /// The engine serving `model`: 404 for a model not served here, 503 while loading.
-    pub fn engine_for(&self, model: &str) -> Result<Engine, Error> {
-        if model != self.inner.model_name {
-            return Err(Error::model_not_found(model));
+    /// The edge (keys, limits, admission).
+    pub fn edge(&self) -> &Edge {
+        &self.inner.edge
+    }
+
+    /// The edge, shared.
+    pub fn edge_arc(&self) -> Arc<Edge> {
+        self.inner.edge.clone()
+    }
+
+    /// Where `model` is served: 404 for a model not served here, 503 while the local one loads.
+    pub fn backend(&self, model: &str) -> Result<Backend, Error> {
+        if let Some(u) = self.inner.upstreams.get(model) {
+            return Ok(Backend::Upstream(u.clone()));
         }
-        if let Some(e) = self.inner.engine.get() {
+        self.engine_for(model).map(Backend::Local)
+    }
+
+    /// The local engine serving `model`: 404 for a model not served here, 503 while loading.
+    pub fn engine_for(&self, model: &str) -> Result<Engine, Error> {
+        let Some(local) = self.inner.local.as_ref().filter(|l| l.name == model) else {
+            return Err(Error::model_not_found(model));
+        };
+        if let Some(e) = local.engine.get() {
             return Ok(e.clone());
         }
-        let why = match self.inner.load_error.get() {
+        let why = match local.load_error.get() {
             Some(e) => format!("The model failed to load: {e}"),
             None => "The model is still loading; retry shortly.".to_owned(),
         };

@@ -19,13 +19,28 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve a model through the OpenAI-compatible API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Fetch or list models.
     #[command(subcommand)]
     Models(ModelsCommand),
     /// Benchmarks (see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
+    /// Create, list and revoke API keys.
+    Keys(crate::keys::KeysArgs),
+    /// Check a config file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// `osprey config ...`
+#[derive(Subcommand, Debug)]
+pub enum ConfigCommand {
+    /// Validate a config file: syntax, every option, tenants and models; names the bad line.
+    Check {
+        /// The TOML file.
+        file: PathBuf,
+    },
 }
 
 /// `osprey models ...`
@@ -40,6 +55,53 @@ pub enum ModelsCommand {
 /// `osprey serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
+    /// A TOML config file: top-level keys are these options' long names, plus `[tenants.NAME]`
+    /// and `[models.NAME]` tables (see docs/gateway.md). Flags and variables beat the file.
+    #[arg(long, env = "OSPREY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Serve model NAME from an OpenAI-compatible server at URL (its base, with `/v1`);
+    /// repeatable.
+    #[arg(
+        long = "upstream",
+        env = "OSPREY_UPSTREAM",
+        value_delimiter = ',',
+        value_name = "NAME=URL"
+    )]
+    pub upstream: Vec<String>,
+    /// Run no local engine: serve only upstream models.
+    #[arg(long, env = "OSPREY_NO_ENGINE")]
+    pub no_engine: bool,
+    /// Where keys and state live (default: sqlite://$OSPREY_HOME/osprey.db).
+    #[arg(long, env = "OSPREY_STORE")]
+    pub store: Option<String>,
+    /// Share rate limits (and key revocations) with other replicas through this Redis.
+    #[arg(long, env = "OSPREY_REDIS")]
+    pub redis: Option<String>,
+    /// Gateway replicas sharing the limits: while Redis is down each enforces this share.
+    #[arg(long, env = "OSPREY_REPLICAS", default_value_t = 1)]
+    pub replicas: u64,
+    /// The key of the admin API (`/admin/keys`); without it the admin API is closed.
+    #[arg(long, env = "OSPREY_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<String>,
+    /// Requests per minute of tenants that set none.
+    #[arg(long, env = "OSPREY_DEFAULT_RPM", default_value_t = 6_000)]
+    pub default_rpm: u64,
+    /// Tokens per minute of tenants that set none.
+    #[arg(long, env = "OSPREY_DEFAULT_TPM", default_value_t = 2_000_000)]
+    pub default_tpm: u64,
+    /// Requests in flight per tenant, for tenants that set none.
+    #[arg(long, env = "OSPREY_DEFAULT_MAX_CONCURRENT", default_value_t = 256)]
+    pub default_max_concurrent: u64,
+    /// Requests in flight through the gateway; more are shed with 503.
+    #[arg(long, env = "OSPREY_MAX_IN_FLIGHT", default_value_t = 1024)]
+    pub max_in_flight: u64,
+    /// Tokens (prompt + max_tokens) of the requests in flight; more are shed with 503.
+    #[arg(long, env = "OSPREY_MAX_QUEUED_TOKENS", default_value_t = 4_000_000)]
+    pub max_queued_tokens: u64,
+    /// Share of those limits open to batch-priority requests (the rest is kept for
+    /// interactive ones).
+    #[arg(long, env = "OSPREY_BATCH_SHARE", default_value_t = 0.75)]
+    pub batch_share: f64,
     /// Address to listen on.
     #[arg(long, env = "OSPREY_HOST", default_value = "127.0.0.1")]
     pub host: String,

@@ -2,17 +2,34 @@
 
 mod bench;
 mod cli;
+mod config;
+mod keys;
 mod models;
 mod serve;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 fn main() -> anyhow::Result<()> {
-    let cli = cli::Cli::parse();
+    let argv: Vec<String> = std::env::args().collect();
+    let matches = cli::Cli::command().get_matches_from(&argv);
+    let cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     cli::init_logging(&cli.log_format);
     match cli.command {
-        cli::Command::Serve(args) => serve::run(args),
+        cli::Command::Serve(args) => {
+            let file = match &args.config {
+                Some(path) => config::ConfigFile::load(path)?,
+                None => config::ConfigFile::default(),
+            };
+            let serve_matches = matches.subcommand_matches("serve").expect("serve");
+            let args = match &args.config {
+                Some(_) => file.serve_args(&argv, serve_matches)?,
+                None => *args,
+            };
+            serve::run(args, file)
+        }
         cli::Command::Models(cmd) => models::run(cmd),
         cli::Command::Bench(cmd) => bench::run(cmd),
+        cli::Command::Keys(args) => keys::run(args),
+        cli::Command::Config(cli::ConfigCommand::Check { file }) => config::check(&file),
     }
 }

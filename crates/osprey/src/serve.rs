@@ -4,24 +4,86 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use osprey_engine::{Engine, EngineConfig, SchedulerConfig, SchedulingPolicy};
+use osprey_gateway::auth::Authenticator;
+use osprey_gateway::config::{AdmissionConfig, DefaultLimits, EdgeConfig, UpstreamConfig};
+use osprey_gateway::edge::Edge;
+use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::upstream::Upstream;
 use osprey_gateway::{AppState, HttpConfig};
 use osprey_models::DEFAULT_MODEL;
+use osprey_store::Store;
 
 use crate::cli::ServeArgs;
+use crate::config::ConfigFile;
 
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let (path, default_name) = match &args.model {
-        Some(p) => (p.clone(), model_name_from_path(p)),
-        None => (
+pub fn run(args: ServeArgs, file: ConfigFile) -> anyhow::Result<()> {
+    let local = match (&args.model, args.no_engine) {
+        (_, true) => None,
+        (Some(p), false) => Some((p.clone(), model_name_from_path(p))),
+        (None, false) => Some((
             crate::models::fetch_default()?,
             DEFAULT_MODEL.served_name.to_owned(),
-        ),
+        )),
     };
-    let name = args.served_model_name.clone().unwrap_or(default_name);
+    let local = local.map(|(path, default_name)| {
+        let name = args.served_model_name.clone().unwrap_or(default_name);
+        (path, name)
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve(args, path, name))
+    runtime.block_on(serve(args, file, local))
+}
+
+/// The edge's configuration from the flags and the file's tenants.
+pub fn edge_config(args: &ServeArgs, file: &ConfigFile) -> EdgeConfig {
+    EdgeConfig {
+        tenants: file.tenants.clone(),
+        limits: DefaultLimits {
+            rpm: args.default_rpm.max(1),
+            tpm: args.default_tpm.max(1),
+            max_concurrent: args.default_max_concurrent.max(1),
+        },
+        admission: AdmissionConfig {
+            max_in_flight: args.max_in_flight.max(1),
+            max_queued_tokens: args.max_queued_tokens.max(1),
+            batch_share: args.batch_share,
+        },
+        admin_key: args.admin_key.clone().filter(|k| !k.is_empty()),
+    }
+}
+
+/// `--upstream NAME=URL` flags as upstream configs.
+pub fn upstreams_from_flags(flags: &[String]) -> anyhow::Result<Vec<(String, UpstreamConfig)>> {
+    flags
+        .iter()
+        .map(|f| {
+            let (name, url) = f
+                .split_once('=')
+                .filter(|(n, u)| !n.is_empty() && !u.is_empty())
+                .with_context(|| format!("--upstream `{f}`: expected NAME=URL"))?;
+            let config = UpstreamConfig {
+                url: url.to_owned(),
+                api_key_env: None,
+                model: None,
+                timeout_secs: None,
+            };
+            Ok((name.to_owned(), config))
+        })
+        .collect()
+}
+
+/// The store URL: `--store`, or the default SQLite file under `$OSPREY_HOME`.
+pub fn store_url(flag: &Option<String>) -> anyhow::Result<String> {
+    Ok(match flag {
+        Some(url) => url.clone(),
+        None => {
+            let home = osprey_models::fetch::osprey_home();
+            std::fs::create_dir_all(&home)
+                .with_context(|| format!("creating {}", home.display()))?;
+            Store::default_url(&home)
+        }
+    })
 }
 
 /// The engine's configuration from the command line.
@@ -54,26 +116,67 @@ fn model_name_from_path(path: &std::path::Path) -> String {
         .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
 }
 
-async fn serve(args: ServeArgs, path: PathBuf, name: String) -> anyhow::Result<()> {
+async fn serve(
+    args: ServeArgs,
+    file: ConfigFile,
+    local: Option<(PathBuf, String)>,
+) -> anyhow::Result<()> {
+    let client = osprey_gateway::upstream::http_client();
+    let mut upstreams = Vec::new();
+    let flagged = upstreams_from_flags(&args.upstream)?;
+    for (name, config) in file
+        .models
+        .iter()
+        .map(|(n, c)| (n.clone(), c.clone()))
+        .chain(flagged)
+    {
+        upstreams.push(Upstream::new(&name, &config, client.clone()).map_err(anyhow::Error::msg)?);
+    }
+    let store_url = store_url(&args.store)?;
+    let store = Store::open(&store_url)
+        .await
+        .with_context(|| format!("opening the store {store_url}"))?;
+    let auth = Authenticator::new(store).await?;
+    auth.spawn_refresh_task();
+    let limiter = match &args.redis {
+        Some(url) => {
+            RateLimiter::with_redis(url, args.replicas).with_context(|| format!("--redis {url}"))?
+        }
+        None => RateLimiter::local(),
+    };
+    let edge = Edge::new(edge_config(&args, &file), auth.clone(), limiter);
+    let state = AppState::with_models(local.as_ref().map(|(_, n)| n.clone()), upstreams, edge);
+
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    let state = AppState::new(&name);
-    let config = engine_config(&args);
-    let loading = state.clone();
-    let load_path = path.clone();
-    tokio::task::spawn_blocking(move || match Engine::load(&load_path, config) {
-        Ok(engine) => {
-            tracing::info!(model = %loading.model_name(), max_model_len = engine.info().max_model_len, "ready");
-            loading.set_engine(engine);
-        }
-        Err(e) => {
-            tracing::error!(error = %e, path = %load_path.display(), "the model failed to load");
-            loading.set_load_error(e.to_string());
-        }
-    });
-    tracing::info!(%addr, model = %name, path = %path.display(), "listening (no API keys configured: serving openly)");
+    if let Some((path, name)) = local {
+        let config = engine_config(&args);
+        let loading = state.clone();
+        tokio::task::spawn_blocking(move || match Engine::load(&path, config) {
+            Ok(engine) => {
+                tracing::info!(model = %name, max_model_len = engine.info().max_model_len, "ready");
+                loading.set_engine(engine);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, path = %path.display(), "the model failed to load");
+                loading.set_load_error(e.to_string());
+            }
+        });
+    }
+    let models: Vec<String> = state
+        .model_name()
+        .map(str::to_owned)
+        .into_iter()
+        .chain(state.upstreams().map(|u| format!("{} → {}", u.name, u.url)))
+        .collect();
+    let access = if auth.is_open() {
+        "no API keys exist: serving openly (create one with `osprey keys create`)"
+    } else {
+        "API keys required"
+    };
+    tracing::info!(%addr, models = ?models, store = %store_url, limits = if args.redis.is_some() { "shared (Redis)" } else { "local" }, "listening; {access}");
     let http = HttpConfig {
         max_body_bytes: args.max_body_bytes,
     };

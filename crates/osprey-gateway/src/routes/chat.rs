@@ -1,11 +1,11 @@
 //! `POST /v1/chat/completions`.
 
-use axum::extract::State;
+use std::sync::Arc;
+
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use osprey_core::Error;
-use osprey_core::api::priority_of;
 use osprey_core::api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChatDelta, ChatLogprobs, Usage,
@@ -13,14 +13,17 @@ use osprey_core::api::{
 use osprey_engine::{Engine, GenerateRequest, TemplateMessage};
 
 use super::{async_stream, done_event, json_event, new_id, stream_response};
-use crate::error::{ApiError, JsonBody};
+use crate::edge::{Caller, UsageReport};
+use crate::error::ApiError;
 use crate::generation::{Deltas, RequestTimer, chat_logprob, merge, start_choices};
 use crate::state::{AppState, unix_now};
 
-/// Chat completion, streamed or not.
+/// Chat completion on the local engine, streamed or not.
 pub async fn chat_completions(
-    State(state): State<AppState>,
-    JsonBody(req): JsonBody<ChatCompletionRequest>,
+    state: AppState,
+    req: ChatCompletionRequest,
+    caller: Caller,
+    usage: Arc<UsageReport>,
 ) -> Result<Response, ApiError> {
     let engine = state.engine_for(&req.model)?;
     req.validate_messages()?;
@@ -39,9 +42,10 @@ pub async fn chat_completions(
     let prompt = engine
         .tokenizer()
         .encode(&engine.render_chat(&messages)?, true);
-    let priority = priority_of(&req.osprey);
+    let priority = caller.priority_of(&req.osprey);
     let request = GenerateRequest {
         priority,
+        cache_salt: caller.tenant.cache_salt.clone(),
         ..GenerateRequest::new(prompt.clone(), params.clone())
     };
     let choices = start_choices(&engine, &request, n, 0).map_err(|e| match e.param.as_deref() {
@@ -55,7 +59,7 @@ pub async fn chat_completions(
         engine,
         prompt_tokens: prompt.len(),
         logprobs: params.logprobs.is_some(),
-        timer: RequestTimer::new(&req.model, priority),
+        timer: RequestTimer::new(&req.model, priority, usage),
     };
     let deltas = merge(choices);
     if req.sampling.streaming() {

@@ -1,10 +1,10 @@
 //! `POST /v1/completions`.
 
-use axum::extract::State;
+use std::sync::Arc;
+
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use osprey_core::api::priority_of;
 use osprey_core::api::{
     Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Prompt, Usage,
 };
@@ -12,7 +12,8 @@ use osprey_core::{Error, FinishReason};
 use osprey_engine::{Delta, Engine, GenerateRequest};
 
 use super::{async_stream, done_event, json_event, new_id, stream_response};
-use crate::error::{ApiError, JsonBody};
+use crate::edge::{Caller, UsageReport};
+use crate::error::ApiError;
 use crate::generation::{CompletionLogprobsBuilder, Deltas, RequestTimer, merge, start_choices};
 use crate::state::{AppState, unix_now};
 
@@ -22,10 +23,12 @@ struct PromptInfo {
     text: String,
 }
 
-/// Text completion, streamed or not.
+/// Text completion on the local engine, streamed or not.
 pub async fn completions(
-    State(state): State<AppState>,
-    JsonBody(req): JsonBody<CompletionRequest>,
+    state: AppState,
+    req: CompletionRequest,
+    caller: Caller,
+    usage: Arc<UsageReport>,
 ) -> Result<Response, ApiError> {
     let engine = state.engine_for(&req.model)?;
     let params = req.sampling_params()?;
@@ -45,12 +48,13 @@ pub async fn completions(
         })
         .collect();
     let prompt_logprobs = req.echo && params.logprobs.is_some();
-    let priority = priority_of(&req.osprey);
+    let priority = caller.priority_of(&req.osprey);
     let mut choices = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
         let request = GenerateRequest {
             prompt_logprobs,
             priority,
+            cache_salt: caller.tenant.cache_salt.clone(),
             ..GenerateRequest::new(p.ids.clone(), params.clone())
         };
         choices.extend(start_choices(&engine, &request, n, i * n)?);
@@ -67,7 +71,7 @@ pub async fn completions(
             .map(|p| ChoiceState::new(p, req.echo))
             .collect(),
         top_logprobs: params.logprobs,
-        timer: RequestTimer::new(&req.model, priority),
+        timer: RequestTimer::new(&req.model, priority, usage),
     };
     let deltas = merge(choices);
     if req.sampling.streaming() {

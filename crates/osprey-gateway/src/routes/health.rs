@@ -14,8 +14,15 @@ pub async fn health() -> impl IntoResponse {
     )
 }
 
-/// Readiness: 200 once the model is loaded, 503 before.
+/// Readiness: 200 once the local model is loaded (at once without one), 503 before.
 pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
+    if state.model_name().is_none() {
+        let upstreams: Vec<&str> = state.upstreams().map(|u| u.name.as_str()).collect();
+        return (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({"status": "ready", "upstreams": upstreams})),
+        );
+    }
     match state.engine() {
         Some(engine) => (
             StatusCode::OK,

@@ -1,5 +1,6 @@
 //! The HTTP surface: OpenAI-compatible routes plus health, readiness and metrics.
 
+mod admin;
 mod chat;
 mod completions;
 mod health;
@@ -7,16 +8,20 @@ mod models;
 
 use std::convert::Infallible;
 
+use std::sync::Arc;
+
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Extension, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::{Stream, StreamExt};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::error::{not_found, panic_response};
-use crate::state::AppState;
+use crate::edge::{Caller, EdgeLayer, RequestedModel, UsageReport};
+use crate::error::{ApiError, not_found, panic_response};
+use crate::state::{AppState, Backend};
 
 /// Identifies this build in responses' `system_fingerprint`.
 pub const FINGERPRINT: &str = concat!("osprey-", env!("CARGO_PKG_VERSION"));
@@ -36,13 +41,31 @@ impl Default for HttpConfig {
     }
 }
 
-/// All routes, with the body limit, panic isolation and request metrics.
+/// All routes, with the edge in front of `/v1`, the body limit, panic isolation and request
+/// metrics.
 pub fn router(state: AppState, config: &HttpConfig) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/v1/completions", post(completions::completions))
+    let edge = EdgeLayer {
+        app: state.clone(),
+        max_body_bytes: config.max_body_bytes,
+    };
+    let generation = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route_layer(axum::middleware::from_fn_with_state(
+            edge,
+            crate::edge::guard,
+        ));
+    let listing = Router::new()
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::get))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::edge::authenticate,
+        ));
+    Router::new()
+        .merge(generation)
+        .merge(listing)
+        .merge(admin::router(state.clone()))
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
         .route("/metrics", get(health::metrics))
@@ -52,6 +75,59 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .layer(axum::middleware::from_fn(crate::metrics::track))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .layer(CatchPanicLayer::custom(panic_response))
+}
+
+/// What the edge hands a generation handler.
+type Admitted = (
+    State<AppState>,
+    Option<Extension<Caller>>,
+    Option<Extension<RequestedModel>>,
+    Option<Extension<Arc<UsageReport>>>,
+    Bytes,
+);
+
+/// Sends a generation request where its model is served: through an upstream as it is, or
+/// parsed for the local engine.
+async fn generate<R: osprey_core::api::ApiRequest>(
+    (State(state), caller, model, usage, body): Admitted,
+    path: &str,
+    local: impl AsyncFnOnce(AppState, R, Caller, Arc<UsageReport>) -> Result<Response, ApiError>,
+) -> Result<Response, ApiError> {
+    let usage = usage.map(|u| u.0).unwrap_or_default();
+    if let Some(Extension(RequestedModel(Some(model)))) = model
+        && let Ok(Backend::Upstream(upstream)) = state.backend(&model)
+    {
+        return Ok(upstream.forward(path, body, usage).await?);
+    }
+    // Anything else is parsed in full first, so a malformed body is reported as such even
+    // when it also names an unknown model.
+    let caller = caller
+        .map(|c| c.0)
+        .unwrap_or_else(|| state.edge().open_caller());
+    let request: R = osprey_core::api::parse_request(&body)?;
+    local(state, request, caller, usage).await
+}
+
+async fn chat_completions(
+    state: State<AppState>,
+    caller: Option<Extension<Caller>>,
+    model: Option<Extension<RequestedModel>>,
+    usage: Option<Extension<Arc<UsageReport>>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let admitted = (state, caller, model, usage, body);
+    generate(admitted, "chat/completions", chat::chat_completions).await
+}
+
+async fn completions(
+    state: State<AppState>,
+    caller: Option<Extension<Caller>>,
+    model: Option<Extension<RequestedModel>>,
+    usage: Option<Extension<Arc<UsageReport>>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let admitted = (state, caller, model, usage, body);
+    generate(admitted, "completions", completions::completions).await
 }
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {

@@ -8,21 +8,29 @@ use osprey_core::api::{ModelCard, ModelList};
 use crate::error::ApiError;
 use crate::state::AppState;
 
-fn card(state: &AppState) -> ModelCard {
-    ModelCard {
-        id: state.model_name().to_owned(),
+fn cards(state: &AppState) -> Vec<ModelCard> {
+    let local = state.model_name().map(|name| ModelCard {
+        id: name.to_owned(),
         object: "model".into(),
         created: state.created(),
         owned_by: "osprey".into(),
         max_model_len: state.engine().map(|e| e.info().max_model_len),
-    }
+    });
+    let upstreams = state.upstreams().map(|u| ModelCard {
+        id: u.name.clone(),
+        object: "model".into(),
+        created: state.created(),
+        owned_by: "upstream".into(),
+        max_model_len: None,
+    });
+    local.into_iter().chain(upstreams).collect()
 }
 
-/// The served models.
+/// The served models: the local one and every upstream.
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     Json(ModelList {
         object: "list".into(),
-        data: vec![card(&state)],
+        data: cards(&state),
     })
 }
 
@@ -31,8 +39,9 @@ pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
-    if id != state.model_name() {
-        return Err(Error::model_not_found(&id).into());
-    }
-    Ok(Json(card(&state)))
+    cards(&state)
+        .into_iter()
+        .find(|c| c.id == id)
+        .map(Json)
+        .ok_or_else(|| Error::model_not_found(&id).into())
 }

@@ -1,0 +1,146 @@
+//! What the edge is configured with: tenants and their limits, default limits, admission
+//! control, upstream models, the admin key. The binary reads these from the TOML config file
+//! and flags; every table here rejects unknown fields, so a typo is an error naming it.
+
+use std::collections::BTreeMap;
+
+use osprey_core::Priority;
+use serde::Deserialize;
+
+/// A tenant: who a key acts for, with its limits and policy.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Requests per minute, for the tenant as a whole and for each of its keys that sets none.
+    pub rpm: Option<u64>,
+    /// Tokens per minute (prompt + completion), likewise.
+    pub tpm: Option<u64>,
+    /// Requests in flight at once (per replica).
+    pub max_concurrent: Option<u64>,
+    /// Models the tenant may use (default: all).
+    pub models: Option<Vec<String>>,
+    /// Largest `max_tokens` a request may ask for; larger ones are clamped to it.
+    pub max_tokens: Option<u64>,
+    /// Scheduling class of requests that don't ask for one.
+    pub priority: Option<Priority>,
+    /// Safety policy profile (used by the policy layer).
+    pub policy: Option<String>,
+    /// Tenants with the same cache group share prefix-cache entries; by default a tenant
+    /// shares its cache with no one.
+    pub cache_group: Option<String>,
+}
+
+/// Limits for tenants that set none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DefaultLimits {
+    /// Requests per minute.
+    pub rpm: u64,
+    /// Tokens per minute.
+    pub tpm: u64,
+    /// Requests in flight at once.
+    pub max_concurrent: u64,
+}
+
+impl Default for DefaultLimits {
+    fn default() -> Self {
+        Self {
+            rpm: 6_000,
+            tpm: 2_000_000,
+            max_concurrent: 256,
+        }
+    }
+}
+
+/// Global admission control: how much work the gateway takes on before it sheds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdmissionConfig {
+    /// Requests in flight at once; beyond it, 503 with `retry-after`.
+    pub max_in_flight: u64,
+    /// Tokens (charged prompt + `max_tokens`) of the requests in flight.
+    pub max_queued_tokens: u64,
+    /// Batch-priority requests are shed once in-flight requests or tokens pass this share of
+    /// the limits, keeping the rest for interactive work.
+    pub batch_share: f64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 1024,
+            max_queued_tokens: 4_000_000,
+            batch_share: 0.75,
+        }
+    }
+}
+
+/// A model served by an OpenAI-compatible upstream (vLLM, SGLang, TGI, llama-server, a hosted
+/// API).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Base URL including `/v1`, e.g. `http://10.0.0.5:8000/v1`.
+    pub url: String,
+    /// Environment variable holding the upstream's API key, sent as `Authorization: Bearer`.
+    pub api_key_env: Option<String>,
+    /// The model name the upstream knows it by (default: the name served here).
+    pub model: Option<String>,
+    /// Seconds to wait for the upstream's response to start.
+    pub timeout_secs: Option<f64>,
+}
+
+/// Everything the edge needs besides its backends.
+#[derive(Clone, Debug, Default)]
+pub struct EdgeConfig {
+    /// Tenants by name.
+    pub tenants: BTreeMap<String, TenantConfig>,
+    /// Limits of tenants that set none.
+    pub limits: DefaultLimits,
+    /// Global admission control.
+    pub admission: AdmissionConfig,
+    /// The key that opens the admin API (`/admin/...`); without it the admin API is closed.
+    pub admin_key: Option<String>,
+}
+
+/// The tenant of requests made without a key, on a server with no keys.
+pub const OPEN_TENANT: &str = "default";
+
+/// A tenant's settings resolved against the defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tenant {
+    /// Its name.
+    pub name: String,
+    /// Requests per minute.
+    pub rpm: u64,
+    /// Tokens per minute.
+    pub tpm: u64,
+    /// Requests in flight at once.
+    pub max_concurrent: u64,
+    /// Allowed models (`None`: all).
+    pub models: Option<Vec<String>>,
+    /// `max_tokens` cap.
+    pub max_tokens: Option<u64>,
+    /// Default priority.
+    pub priority: Priority,
+    /// Safety policy profile.
+    pub policy: Option<String>,
+    /// What separates this tenant's prefix-cache entries from others'.
+    pub cache_salt: String,
+}
+
+impl EdgeConfig {
+    /// The settings of tenant `name` (configured or not: unknown tenants get the defaults).
+    pub fn tenant(&self, name: &str) -> Tenant {
+        let t = self.tenants.get(name).cloned().unwrap_or_default();
+        Tenant {
+            name: name.to_owned(),
+            rpm: t.rpm.unwrap_or(self.limits.rpm),
+            tpm: t.tpm.unwrap_or(self.limits.tpm),
+            max_concurrent: t.max_concurrent.unwrap_or(self.limits.max_concurrent),
+            models: t.models,
+            max_tokens: t.max_tokens,
+            priority: t.priority.unwrap_or_default(),
+            policy: t.policy,
+            cache_salt: format!("tenant:{}", t.cache_group.as_deref().unwrap_or(name)),
+        }
+    }
+}

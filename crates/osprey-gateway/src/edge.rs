@@ -1,0 +1,572 @@
+//! The edge: every generation request passes [`guard`] before a handler sees it.
+//!
+//! In order: authenticate the key and find its tenant; read the body's model, `max_tokens`
+//! and priority; check the tenant may use the model and clamp `max_tokens` to its cap; take a
+//! place in the tenant's concurrency and in global admission control (batch work is shed
+//! first); charge the rate limits (requests, and prompt + `max_tokens` tokens, per key and per
+//! tenant). The response carries OpenAI's `x-ratelimit-*` headers; when its body ends, the
+//! places are given back and the token charge is corrected to the actual usage.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use osprey_core::metrics as names;
+use osprey_core::{Error, ErrorKind, Priority};
+use osprey_store::KeyRecord;
+
+use crate::admission::{Admission, Place};
+use crate::auth::Authenticator;
+use crate::config::{EdgeConfig, OPEN_TENANT, Tenant};
+use crate::error::ApiError;
+use crate::limits::{Bucket, BucketState, Decision, RateLimiter, Verdict};
+use crate::state::AppState;
+
+/// Completion tokens assumed on admission for a request that sets no `max_tokens` (and has
+/// no cap); corrected to the truth when it ends.
+const DEFAULT_COMPLETION_ESTIMATE: u64 = 256;
+
+/// Who is calling, for handlers (an extension on every request past the edge).
+#[derive(Clone, Debug)]
+pub struct Caller {
+    /// The tenant's resolved settings.
+    pub tenant: Arc<Tenant>,
+    /// The key's id, when one was used.
+    pub key_id: Option<String>,
+}
+
+impl Caller {
+    /// The priority a request asks for in its `osprey` options, else the tenant's default.
+    pub fn priority_of(&self, options: &Option<osprey_core::api::OspreyOptions>) -> Priority {
+        options
+            .as_ref()
+            .and_then(|o| o.priority)
+            .unwrap_or(self.tenant.priority)
+    }
+}
+
+/// The model a request's body names, as the edge read it (`None` if the body is not JSON).
+#[derive(Clone, Debug)]
+pub struct RequestedModel(pub Option<String>);
+
+/// The state of [`guard`]: the app and the largest body it reads.
+#[derive(Clone)]
+pub struct EdgeLayer {
+    /// The app.
+    pub app: AppState,
+    /// Largest request body, bytes.
+    pub max_body_bytes: usize,
+}
+
+/// The actual token usage of a request, filled in by whoever served it.
+#[derive(Debug, Default)]
+pub struct UsageReport {
+    prompt: AtomicU64,
+    completion: AtomicU64,
+    known: AtomicBool,
+    prompt_known: AtomicBool,
+}
+
+impl UsageReport {
+    /// Records the usage.
+    pub fn set(&self, prompt: u64, completion: u64) {
+        self.prompt.store(prompt, Ordering::Relaxed);
+        self.completion.store(completion, Ordering::Relaxed);
+        self.prompt_known.store(true, Ordering::Relaxed);
+        self.known.store(true, Ordering::Relaxed);
+    }
+
+    /// Records completion tokens only (the prompt's count is not known).
+    pub fn set_completion_only(&self, completion: u64) {
+        self.completion.store(completion, Ordering::Relaxed);
+        self.known.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The edge's parts, shared by all requests.
+pub struct Edge {
+    config: EdgeConfig,
+    auth: Arc<Authenticator>,
+    limiter: RateLimiter,
+    admission: Admission,
+    tenants: RwLock<HashMap<String, Arc<Tenant>>>,
+    running: Mutex<HashMap<String, u64>>,
+}
+
+impl Edge {
+    /// An edge with `config`, checking keys with `auth` and limits with `limiter`.
+    pub fn new(config: EdgeConfig, auth: Arc<Authenticator>, limiter: RateLimiter) -> Self {
+        Self {
+            admission: Admission::new(config.admission),
+            config,
+            auth,
+            limiter,
+            tenants: RwLock::default(),
+            running: Mutex::default(),
+        }
+    }
+
+    /// An open edge: no keys, default limits in memory.
+    pub fn open() -> Self {
+        Self::new(
+            EdgeConfig::default(),
+            Authenticator::open(),
+            RateLimiter::local(),
+        )
+    }
+
+    /// The key checker.
+    pub fn auth(&self) -> &Arc<Authenticator> {
+        &self.auth
+    }
+
+    /// The rate limiter.
+    pub fn limiter(&self) -> &RateLimiter {
+        &self.limiter
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EdgeConfig {
+        &self.config
+    }
+
+    fn tenant(&self, name: &str) -> Arc<Tenant> {
+        if let Some(t) = self.tenants.read().expect("tenants lock").get(name) {
+            return t.clone();
+        }
+        let t = Arc::new(self.config.tenant(name));
+        self.tenants
+            .write()
+            .expect("tenants lock")
+            .insert(name.to_owned(), t.clone());
+        t
+    }
+
+    /// The caller of a request that never passed the edge: the open tenant.
+    pub fn open_caller(&self) -> Caller {
+        Caller {
+            tenant: self.tenant(OPEN_TENANT),
+            key_id: None,
+        }
+    }
+
+    /// Authenticates a request's headers: the caller, or a 401.
+    pub async fn caller(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<(Caller, Option<Arc<KeyRecord>>), Error> {
+        let key = self.auth.authenticate(headers).await?;
+        let tenant = self.tenant(key.as_ref().map_or(OPEN_TENANT, |k| k.tenant.as_str()));
+        let caller = Caller {
+            tenant,
+            key_id: key.as_ref().map(|k| k.id.clone()),
+        };
+        Ok((caller, key))
+    }
+}
+
+/// What the edge reads of a generation request's body; everything else is the handler's.
+#[derive(serde::Deserialize, Default)]
+struct BodyView {
+    model: Option<serde_json::Value>,
+    max_tokens: Option<serde_json::Value>,
+    max_completion_tokens: Option<serde_json::Value>,
+    n: Option<serde_json::Value>,
+    osprey: Option<OspreyView>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct OspreyView {
+    priority: Option<Priority>,
+}
+
+/// Authentication only, for `/v1` routes that generate nothing (`GET /v1/models`).
+pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    match state.edge().caller(req.headers()).await {
+        Ok((caller, _)) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(e) => ApiError(e).into_response(),
+    }
+}
+
+/// The full edge for generation routes (see the module docs).
+pub async fn guard(State(layer): State<EdgeLayer>, req: Request, next: Next) -> Response {
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    match admit(&layer, req).await {
+        Ok((req, ticket)) => {
+            let response = next.run(req).await;
+            ticket.attach(response)
+        }
+        Err((e, limits)) => {
+            let mut response = ApiError(e).into_response();
+            if let Some(limits) = limits {
+                limits.write(response.headers_mut());
+            }
+            response
+        }
+    }
+}
+
+type Rejection = (Error, Option<LimitHeaders>);
+
+async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rejection> {
+    let edge = layer.app.edge_arc();
+    let (caller, key) = edge.caller(req.headers()).await.map_err(|e| (e, None))?;
+    let (mut parts, body) = req.into_parts();
+    let limit = layer.max_body_bytes;
+    let mut bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        let e = Error::new(
+            ErrorKind::PayloadTooLarge,
+            "The request body is larger than this server accepts.",
+        );
+        (e, None)
+    })?;
+    // A body that is not JSON is the handler's to reject, precisely; the edge charges it as
+    // one request.
+    let view: BodyView = serde_json::from_slice(&bytes).unwrap_or_default();
+    let tenant = &caller.tenant;
+    let model = view.model.as_ref().and_then(|m| m.as_str()).unwrap_or("");
+    if let Some(allowed) = &tenant.models
+        && !model.is_empty()
+        && !allowed.iter().any(|m| m == model)
+    {
+        let e = Error::new(
+            ErrorKind::Forbidden,
+            format!("Tenant `{}` may not use the model `{model}`.", tenant.name),
+        )
+        .with_param("model")
+        .with_code("model_not_allowed");
+        return Err((e, None));
+    }
+    let requested = [&view.max_completion_tokens, &view.max_tokens]
+        .into_iter()
+        .find_map(|v| v.as_ref()?.as_u64());
+    if let Some(cap) = tenant.max_tokens
+        && requested.is_none_or(|r| r > cap)
+    {
+        bytes = clamp_max_tokens(&bytes, cap).unwrap_or(bytes);
+    }
+    let max_tokens = match (requested, tenant.max_tokens) {
+        (Some(r), Some(cap)) => r.min(cap),
+        (Some(r), None) => r,
+        (None, Some(cap)) => cap,
+        (None, None) => DEFAULT_COMPLETION_ESTIMATE,
+    };
+    let n = view
+        .n
+        .as_ref()
+        .and_then(|n| n.as_u64())
+        .unwrap_or(1)
+        .clamp(1, 128);
+    // Charged now, corrected at the end: roughly four bytes of JSON per prompt token.
+    let prompt_estimate = bytes.len() as u64 / 4;
+    let charged = prompt_estimate + max_tokens * n;
+    let priority = view
+        .osprey
+        .and_then(|o| o.priority)
+        .unwrap_or(tenant.priority);
+
+    let place = edge
+        .admission
+        .enter(priority, charged)
+        .map_err(|e| (e, None))?;
+    let slot = TenantSlot::take(&edge, tenant).map_err(|e| (e, None))?;
+
+    let key_rpm = key.as_ref().and_then(|k| k.rpm).map(|v| v.max(1) as u64);
+    let key_tpm = key.as_ref().and_then(|k| k.tpm).map(|v| v.max(1) as u64);
+    let mut buckets = vec![
+        Bucket {
+            name: format!("tenant:{}:requests", tenant.name),
+            limit: tenant.rpm,
+            cost: 1,
+        },
+        Bucket {
+            name: format!("tenant:{}:tokens", tenant.name),
+            limit: tenant.tpm,
+            cost: charged,
+        },
+    ];
+    if let Some(k) = &key {
+        buckets.push(Bucket {
+            name: format!("key:{}:requests", k.id),
+            limit: key_rpm.unwrap_or(tenant.rpm),
+            cost: 1,
+        });
+        buckets.push(Bucket {
+            name: format!("key:{}:tokens", k.id),
+            limit: key_tpm.unwrap_or(tenant.tpm),
+            cost: charged,
+        });
+    }
+    let decision = match edge.limiter.check(&buckets, caller.key_id.as_deref()).await {
+        Verdict::Revoked => {
+            if let Some(id) = &caller.key_id {
+                edge.auth.forget(id);
+            }
+            return Err((
+                crate::auth::unauthorized("This API key has been revoked."),
+                None,
+            ));
+        }
+        Verdict::Checked(d) => d,
+    };
+    let headers = LimitHeaders::of(&buckets, &decision);
+    if !decision.allowed {
+        let limited = if decision
+            .states
+            .iter()
+            .zip(&buckets)
+            .any(|(s, b)| b.name.ends_with(":tokens") && s.remaining < b.cost)
+        {
+            "tokens"
+        } else {
+            "requests"
+        };
+        metrics::counter!(names::RATE_LIMITED, "tenant" => tenant.name.clone(), "limit" => limited)
+            .increment(1);
+        let e = match decision.retry_after_us {
+            None => Error::new(ErrorKind::RateLimited, format!(
+                "Request too large: it needs about {charged} tokens, more than the {} tokens per minute allowed. Lower max_tokens or the prompt.",
+                tenant.tpm.min(key_tpm.unwrap_or(u64::MAX))
+            ))
+            .with_code("rate_limit_exceeded"),
+            Some(us) => Error::new(ErrorKind::RateLimited, format!(
+                "Rate limit reached for {limited} per minute (tenant `{}`). Retry in {}.",
+                tenant.name,
+                format_duration(us)
+            ))
+            .with_code("rate_limit_exceeded")
+            .with_retry_after(((us + 999_999) / 1_000_000).max(1) as u64),
+        };
+        return Err((e, Some(headers)));
+    }
+
+    parts.extensions.insert(caller);
+    parts.extensions.insert(RequestedModel(
+        (!model.is_empty()).then(|| model.to_owned()),
+    ));
+    let usage = Arc::new(UsageReport::default());
+    parts.extensions.insert(usage.clone());
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    let ticket = Ticket {
+        limiter: edge.limiter.clone(),
+        token_buckets: buckets
+            .into_iter()
+            .filter(|b| b.name.ends_with(":tokens"))
+            .collect(),
+        charged,
+        prompt_estimate,
+        usage,
+        headers,
+        _place: place,
+        _slot: slot,
+    };
+    Ok((Request::from_parts(parts, Body::from(bytes)), ticket))
+}
+
+/// Sets the body's `max_tokens` (or `max_completion_tokens`, whichever it uses) to `cap`.
+fn clamp_max_tokens(bytes: &Bytes, cap: u64) -> Option<Bytes> {
+    let mut v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let obj = v.as_object_mut()?;
+    let field = if obj.contains_key("max_completion_tokens") {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    obj.insert(field.to_owned(), cap.into());
+    Some(serde_json::to_vec(&v).ok()?.into())
+}
+
+/// A place in a tenant's concurrency limit, given back on drop.
+struct TenantSlot {
+    edge: Arc<Edge>,
+    tenant: String,
+}
+
+impl TenantSlot {
+    fn take(edge: &Arc<Edge>, tenant: &Tenant) -> Result<Self, Error> {
+        let mut running = edge.running.lock().expect("running lock");
+        let n = running.entry(tenant.name.clone()).or_insert(0);
+        if *n >= tenant.max_concurrent {
+            metrics::counter!(names::RATE_LIMITED, "tenant" => tenant.name.clone(), "limit" => "concurrency").increment(1);
+            return Err(Error::new(
+                ErrorKind::RateLimited,
+                format!(
+                    "Tenant `{}` already has {} requests in flight, its limit.",
+                    tenant.name, tenant.max_concurrent
+                ),
+            )
+            .with_code("rate_limit_exceeded")
+            .with_retry_after(1));
+        }
+        *n += 1;
+        Ok(Self {
+            edge: edge.clone(),
+            tenant: tenant.name.clone(),
+        })
+    }
+}
+
+impl Drop for TenantSlot {
+    fn drop(&mut self) {
+        if let Some(n) = self
+            .edge
+            .running
+            .lock()
+            .expect("running lock")
+            .get_mut(&self.tenant)
+        {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+/// What an admitted request holds until its response body ends.
+struct Ticket {
+    limiter: RateLimiter,
+    token_buckets: Vec<Bucket>,
+    charged: u64,
+    prompt_estimate: u64,
+    usage: Arc<UsageReport>,
+    headers: LimitHeaders,
+    _place: Place,
+    _slot: TenantSlot,
+}
+
+impl Ticket {
+    /// Adds the rate-limit headers to `response` and keeps the ticket alive until its body has
+    /// been sent (or dropped).
+    fn attach(self, mut response: Response) -> Response {
+        self.headers.write(response.headers_mut());
+        let (parts, body) = response.into_parts();
+        // The stream owns the ticket: it is dropped, and its places given back, when the body
+        // has been sent or the client has gone.
+        let mut ticket = Some(self);
+        let stream = body.into_data_stream().map(move |chunk| {
+            if chunk.is_err() {
+                ticket.take();
+            }
+            chunk
+        });
+        Response::from_parts(parts, Body::from_stream(stream))
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let u = &self.usage;
+        if !u.known.load(Ordering::Relaxed) {
+            return;
+        }
+        let prompt = if u.prompt_known.load(Ordering::Relaxed) {
+            u.prompt.load(Ordering::Relaxed)
+        } else {
+            self.prompt_estimate
+        };
+        let actual = prompt + u.completion.load(Ordering::Relaxed);
+        let delta = actual as i64 - self.charged as i64;
+        let corrections = self.token_buckets.drain(..).map(|b| (b, delta)).collect();
+        self.limiter.settle(corrections);
+    }
+}
+
+/// OpenAI's `x-ratelimit-*` headers: for requests and for tokens, the tightest bucket.
+#[derive(Clone, Debug)]
+pub struct LimitHeaders {
+    requests: BucketState,
+    tokens: BucketState,
+}
+
+impl LimitHeaders {
+    fn of(buckets: &[Bucket], decision: &Decision) -> Self {
+        let tightest = |suffix: &str| {
+            buckets
+                .iter()
+                .zip(&decision.states)
+                .filter(|(b, _)| b.name.ends_with(suffix))
+                .map(|(_, s)| *s)
+                .min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset_us)))
+                .unwrap_or(BucketState {
+                    limit: 0,
+                    remaining: 0,
+                    reset_us: 0,
+                })
+        };
+        Self {
+            requests: tightest(":requests"),
+            tokens: tightest(":tokens"),
+        }
+    }
+
+    fn write(&self, headers: &mut HeaderMap) {
+        for (kind, s) in [("requests", &self.requests), ("tokens", &self.tokens)] {
+            let mut put = |name: String, value: String| {
+                if let (Ok(n), Ok(v)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+                    headers.insert(n, v);
+                }
+            };
+            put(format!("x-ratelimit-limit-{kind}"), s.limit.to_string());
+            put(
+                format!("x-ratelimit-remaining-{kind}"),
+                s.remaining.to_string(),
+            );
+            put(
+                format!("x-ratelimit-reset-{kind}"),
+                format_duration(s.reset_us),
+            );
+        }
+    }
+}
+
+/// A duration as OpenAI writes it in rate-limit headers: `20ms`, `1.5s`, `6m0s`.
+pub fn format_duration(us: i64) -> String {
+    let ms = (us.max(0) + 999) / 1000;
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (minutes, rest_ms) = (ms / 60_000, ms % 60_000);
+    let secs = format!("{:.3}", rest_ms as f64 / 1000.0);
+    let secs = secs.trim_end_matches('0').trim_end_matches('.');
+    if minutes > 0 {
+        format!("{minutes}m{secs}s")
+    } else {
+        format!("{secs}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_openais() {
+        assert_eq!(format_duration(20_000), "20ms");
+        assert_eq!(format_duration(1_000_000), "1s");
+        assert_eq!(format_duration(1_500_000), "1.5s");
+        assert_eq!(format_duration(360_000_000), "6m0s");
+        assert_eq!(format_duration(0), "0ms");
+    }
+
+    #[test]
+    fn clamping_rewrites_the_field_in_use() {
+        let b = Bytes::from_static(br#"{"model":"m","max_completion_tokens":900}"#);
+        let v: serde_json::Value =
+            serde_json::from_slice(&clamp_max_tokens(&b, 64).unwrap()).unwrap();
+        assert_eq!(v["max_completion_tokens"], 64);
+        assert!(v.get("max_tokens").is_none());
+        let b = Bytes::from_static(br#"{"model":"m"}"#);
+        let v: serde_json::Value =
+            serde_json::from_slice(&clamp_max_tokens(&b, 64).unwrap()).unwrap();
+        assert_eq!(v["max_tokens"], 64);
+    }
+}

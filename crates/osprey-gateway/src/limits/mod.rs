@@ -1,0 +1,199 @@
+//! Rate limits: GCRA buckets for requests and tokens, per key and per tenant, kept in memory
+//! or shared across replicas through Redis.
+//!
+//! [`RateLimiter::check`] charges all of a request's buckets or none. With Redis configured it
+//! asks Redis (one script, one round trip); when Redis fails or is slow it falls back to this
+//! process's memory with each limit divided by the number of replicas, logs the switch,
+//! exports it as `osprey_ratelimit_redis_up`, and tries Redis again a second later. A request
+//! is never failed because the limiter's store is down.
+
+pub mod gcra;
+pub mod local;
+pub mod redis;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+use osprey_core::metrics as names;
+
+pub use gcra::BucketState;
+use local::LocalLimiter;
+use redis::RedisLimiter;
+
+/// One limit a request is charged against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    /// Unique name, e.g. `tenant:acme:tokens`.
+    pub name: String,
+    /// Units per minute.
+    pub limit: u64,
+    /// Units this request costs.
+    pub cost: u64,
+}
+
+/// The verdict on a request's buckets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether every bucket had room (and so all were charged).
+    pub allowed: bool,
+    /// Each bucket's state after the check, in the order given.
+    pub states: Vec<BucketState>,
+    /// When refused: microseconds until a retry could pass; `None` if it never can (the
+    /// request alone costs more than a limit allows per minute).
+    pub retry_after_us: Option<i64>,
+}
+
+impl Decision {
+    /// Combines per-bucket results: `retries` is each bucket's `Charge::retry_after_us`.
+    pub fn new(
+        allowed: bool,
+        states: Vec<BucketState>,
+        retries: impl IntoIterator<Item = Option<i64>>,
+    ) -> Self {
+        let mut retry_after_us = Some(0);
+        for r in retries {
+            retry_after_us = match (retry_after_us, r) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
+        }
+        Self {
+            allowed,
+            states,
+            retry_after_us: if allowed { Some(0) } else { retry_after_us },
+        }
+    }
+}
+
+/// The answer of [`RateLimiter::check`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Checked (allowed or not).
+    Checked(Decision),
+    /// The key was revoked (seen through Redis, possibly by another replica).
+    Revoked,
+}
+
+/// Rate limits, local or shared through Redis with a local fallback.
+#[derive(Clone)]
+pub struct RateLimiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    local: LocalLimiter,
+    redis: Option<RedisLimiter>,
+    /// Replicas sharing the limits: each one's share when it falls back to local limits.
+    replicas: u64,
+    /// While Redis is considered down: until when (µs) not to try it.
+    redis_down_until: AtomicI64,
+    redis_down: AtomicBool,
+}
+
+impl RateLimiter {
+    /// Limits in this process's memory only.
+    pub fn local() -> Self {
+        Self::build(None, 1)
+    }
+
+    /// Limits shared through Redis at `url` by `replicas` gateways.
+    pub fn with_redis(url: &str, replicas: u64) -> Result<Self, ::redis::RedisError> {
+        Ok(Self::build(Some(RedisLimiter::new(url)?), replicas))
+    }
+
+    fn build(redis: Option<RedisLimiter>, replicas: u64) -> Self {
+        if redis.is_some() {
+            metrics::gauge!(names::RATELIMIT_REDIS_UP).set(1.0);
+        }
+        Self {
+            inner: Arc::new(Inner {
+                local: LocalLimiter::default(),
+                redis,
+                replicas: replicas.max(1),
+                redis_down_until: AtomicI64::new(0),
+                redis_down: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The shared Redis limiter, if configured.
+    pub fn redis(&self) -> Option<&RedisLimiter> {
+        self.inner.redis.as_ref()
+    }
+
+    fn shared(&self) -> Option<&RedisLimiter> {
+        let redis = self.inner.redis.as_ref()?;
+        (now_us() >= self.inner.redis_down_until.load(Ordering::Relaxed)).then_some(redis)
+    }
+
+    fn redis_failed(&self, e: &::redis::RedisError) {
+        self.inner
+            .redis_down_until
+            .store(now_us() + 1_000_000, Ordering::Relaxed);
+        metrics::counter!(names::RATELIMIT_REDIS_ERRORS).increment(1);
+        if !self.inner.redis_down.swap(true, Ordering::Relaxed) {
+            metrics::gauge!(names::RATELIMIT_REDIS_UP).set(0.0);
+            tracing::warn!(error = %e, share = self.inner.replicas, "Redis is unreachable: rate limits are local (this replica's share) until it returns");
+        }
+    }
+
+    fn redis_ok(&self) {
+        if self.inner.redis_down.swap(false, Ordering::Relaxed) {
+            metrics::gauge!(names::RATELIMIT_REDIS_UP).set(1.0);
+            tracing::info!("Redis is back: rate limits are shared again");
+        }
+    }
+
+    /// Charges `buckets` (all or none), also learning whether `key_id` was revoked when Redis
+    /// is in use.
+    pub async fn check(&self, buckets: &[Bucket], key_id: Option<&str>) -> Verdict {
+        if let Some(redis) = self.shared() {
+            match redis.check(buckets, key_id).await {
+                Ok(Some(d)) => {
+                    self.redis_ok();
+                    return Verdict::Checked(d);
+                }
+                Ok(None) => {
+                    self.redis_ok();
+                    return Verdict::Revoked;
+                }
+                Err(e) => self.redis_failed(&e),
+            }
+        }
+        let share = if self.inner.redis.is_some() {
+            self.inner.replicas
+        } else {
+            1
+        };
+        Verdict::Checked(self.inner.local.check(buckets, now_us(), share))
+    }
+
+    /// Corrects earlier charges by `(bucket, delta)`, in the background.
+    pub fn settle(&self, corrections: Vec<(Bucket, i64)>) {
+        if corrections.iter().all(|(_, d)| *d == 0) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Some(redis) = this.shared() {
+                match redis.settle(&corrections).await {
+                    Ok(()) => return this.redis_ok(),
+                    Err(e) => this.redis_failed(&e),
+                }
+            }
+            let share = if this.inner.redis.is_some() {
+                this.inner.replicas
+            } else {
+                1
+            };
+            this.inner.local.settle(&corrections, now_us(), share);
+        });
+    }
+}
+
+/// Microseconds since the Unix epoch.
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}

@@ -1,0 +1,145 @@
+//! The admin API, behind the admin key: `POST /admin/keys`, `GET /admin/keys`,
+//! `DELETE /admin/keys/{id}` (revocation, seen by every replica).
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use osprey_core::{Error, ErrorKind};
+use osprey_store::{KeyRecord, NewKey, StoreError};
+use serde::Deserialize;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The admin routes, each behind [`admin_only`].
+pub fn router(state: AppState) -> Router<AppState> {
+    Router::new()
+        .route("/admin/keys", get(list_keys).post(create_key))
+        .route("/admin/keys/{id}", delete(revoke_key))
+        .route_layer(axum::middleware::from_fn_with_state(state, admin_only))
+}
+
+async fn admin_only(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(admin_key) = state.edge().config().admin_key.as_deref() else {
+        let e = Error::new(
+            ErrorKind::Forbidden,
+            "The admin API is closed: start the server with --admin-key to open it.",
+        );
+        return ApiError(e).into_response();
+    };
+    match crate::auth::presented_key(req.headers()) {
+        Some(k) if constant_time_eq(k.as_bytes(), admin_key.as_bytes()) => next.run(req).await,
+        _ => ApiError(
+            Error::new(
+                ErrorKind::Unauthorized,
+                "The admin API needs the admin key.",
+            )
+            .with_code("invalid_api_key"),
+        )
+        .into_response(),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A key as the admin API shows it (times in Unix seconds; never the secret after creation).
+pub fn key_json(k: &KeyRecord) -> serde_json::Value {
+    let secs = |ms: Option<i64>| ms.map(|ms| ms / 1000);
+    serde_json::json!({
+        "id": k.id,
+        "object": "api_key",
+        "prefix": k.prefix,
+        "tenant": k.tenant,
+        "name": k.name,
+        "rpm": k.rpm,
+        "tpm": k.tpm,
+        "created_at": k.created_at / 1000,
+        "expires_at": secs(k.expires_at),
+        "last_used_at": secs(k.last_used_at),
+        "revoked_at": secs(k.revoked_at),
+    })
+}
+
+fn store_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::NotFound(what) => ApiError(Error::new(ErrorKind::NotFound, format!("{what}."))),
+        e => ApiError(Error::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1)),
+    }
+}
+
+fn store(state: &AppState) -> Result<osprey_store::Store, ApiError> {
+    state.edge().auth().store().cloned().ok_or_else(|| {
+        ApiError(Error::new(
+            ErrorKind::Unavailable,
+            "This server has no key store.",
+        ))
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateKey {
+    tenant: String,
+    name: Option<String>,
+    /// Unix seconds.
+    expires_at: Option<i64>,
+    rpm: Option<i64>,
+    tpm: Option<i64>,
+}
+
+async fn create_key(
+    State(state): State<AppState>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let req: CreateKey = serde_json::from_slice(&body)
+        .map_err(|e| Error::invalid("body", format!("Invalid key request: {e}")))?;
+    if req.tenant.trim().is_empty() {
+        return Err(Error::invalid("tenant", "`tenant` must not be empty.").into());
+    }
+    for (field, v) in [("rpm", req.rpm), ("tpm", req.tpm)] {
+        if v.is_some_and(|v| v < 1) {
+            return Err(Error::invalid(field, format!("`{field}` must be at least 1.")).into());
+        }
+    }
+    let store = store(&state)?;
+    let created = store
+        .create_key(NewKey {
+            tenant: req.tenant,
+            name: req.name,
+            expires_at: req.expires_at.map(|s| s * 1000),
+            rpm: req.rpm,
+            tpm: req.tpm,
+        })
+        .await
+        .map_err(store_error)?;
+    state.edge().auth().refresh().await.map_err(store_error)?;
+    let mut body = key_json(&created.record);
+    body["key"] = created.secret.into();
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+async fn list_keys(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    let keys = store(&state)?.list_keys().await.map_err(store_error)?;
+    let data: Vec<_> = keys.iter().map(key_json).collect();
+    Ok(Json(serde_json::json!({"object": "list", "data": data})))
+}
+
+async fn revoke_key(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let record = store(&state)?.revoke_key(&id).await.map_err(store_error)?;
+    state.edge().auth().forget(&id);
+    if let Some(redis) = state.edge().limiter().redis()
+        && let Err(e) = redis.revoke(&id).await
+    {
+        tracing::warn!(error = %e, key = %id, "could not tell Redis of the revocation; other replicas see it within a second through the store");
+    }
+    Ok(Json(key_json(&record)))
+}

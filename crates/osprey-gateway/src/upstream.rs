@@ -1,0 +1,254 @@
+//! Models served by OpenAI-compatible upstreams (vLLM, SGLang, TGI, llama-server, hosted APIs):
+//! the request body goes through as it came (model renamed if the upstream knows it by another
+//! name), the response comes back byte for byte, streams chunk by chunk, over one pooled HTTP
+//! client. Upstream failures become clear errors in OpenAI's envelope.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use futures_util::StreamExt;
+use osprey_core::api::Usage;
+use osprey_core::metrics as names;
+use osprey_core::{Error, ErrorKind};
+
+use crate::config::UpstreamConfig;
+use crate::edge::UsageReport;
+
+/// One upstream model.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    /// The name served here.
+    pub name: String,
+    /// Base URL, without a trailing slash (`http://host:8000/v1`).
+    pub url: String,
+    /// The name the upstream knows the model by, when it differs.
+    pub remote_model: Option<String>,
+    api_key: Option<String>,
+    timeout: Duration,
+    client: reqwest::Client,
+}
+
+/// An HTTP client for upstreams: pooled keep-alive connections, no overall timeout (streams
+/// can run long).
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .tcp_nodelay(true)
+        .build()
+        .expect("an HTTP client")
+}
+
+impl Upstream {
+    /// The upstream `name` as configured; fails when its key's environment variable is unset.
+    pub fn new(
+        name: &str,
+        config: &UpstreamConfig,
+        client: reqwest::Client,
+    ) -> Result<Self, String> {
+        let api_key = match &config.api_key_env {
+            Some(var) => Some(std::env::var(var).map_err(|_| {
+                format!("model `{name}`: the environment variable {var} (api_key_env) is not set")
+            })?),
+            None => None,
+        };
+        if !(config.url.starts_with("http://") || config.url.starts_with("https://")) {
+            return Err(format!(
+                "model `{name}`: url `{}` is not an http(s) URL",
+                config.url
+            ));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            url: config.url.trim_end_matches('/').to_owned(),
+            remote_model: config.model.clone().filter(|m| m != name),
+            api_key,
+            timeout: Duration::from_secs_f64(config.timeout_secs.unwrap_or(60.0).max(0.001)),
+            client,
+        })
+    }
+
+    /// Forwards `body` to `{url}/{path}` and relays the answer; the usage the upstream reports
+    /// (or, for streams without one, a count of content chunks) goes to `usage` when the
+    /// response ends.
+    pub async fn forward(
+        &self,
+        path: &str,
+        body: Bytes,
+        usage: Arc<UsageReport>,
+    ) -> Result<Response, Error> {
+        let body = match &self.remote_model {
+            Some(remote) => rename_model(&body, remote)?,
+            None => body,
+        };
+        let mut request = self
+            .client
+            .post(format!("{}/{path}", self.url))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = match tokio::time::timeout(self.timeout, request.send()).await {
+            Err(_) => {
+                self.count("timeout");
+                return Err(Error::new(
+                    ErrorKind::GatewayTimeout,
+                    format!(
+                        "The upstream for `{}` did not answer within {:?}.",
+                        self.name, self.timeout
+                    ),
+                )
+                .with_code("upstream_timeout"));
+            }
+            Ok(Err(e)) => {
+                self.count("unreachable");
+                return Err(Error::new(
+                    ErrorKind::BadGateway,
+                    format!("The upstream for `{}` could not be reached: {e}", self.name),
+                )
+                .with_code("upstream_unavailable")
+                .with_retry_after(1));
+            }
+            Ok(Ok(r)) => r,
+        };
+        let status = response.status();
+        if !status.is_success() {
+            self.count("error");
+            let text = response.text().await.unwrap_or_default();
+            return Err(upstream_error(&self.name, status, &text));
+        }
+        self.count("ok");
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("application/json"));
+        let streaming = content_type.as_bytes().starts_with(b"text/event-stream");
+        let body = if streaming {
+            let mut meter = StreamMeter::new(usage);
+            Body::from_stream(response.bytes_stream().map(move |chunk| {
+                if let Ok(bytes) = &chunk {
+                    meter.feed(bytes);
+                }
+                chunk
+            }))
+        } else {
+            let bytes = response.bytes().await.map_err(|e| {
+                Error::new(
+                    ErrorKind::BadGateway,
+                    format!("Reading the upstream's answer failed: {e}"),
+                )
+            })?;
+            if let Some(u) = usage_of(&bytes) {
+                usage.set(u.prompt_tokens as u64, u.completion_tokens as u64);
+            }
+            Body::from(bytes)
+        };
+        let mut out = Response::new(body);
+        out.headers_mut().insert(header::CONTENT_TYPE, content_type);
+        Ok(out)
+    }
+
+    fn count(&self, outcome: &'static str) {
+        metrics::counter!(names::UPSTREAM_REQUESTS, "model" => self.name.clone(), "outcome" => outcome)
+            .increment(1);
+    }
+}
+
+fn rename_model(body: &Bytes, remote: &str) -> Result<Bytes, Error> {
+    let mut v: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| Error::invalid("body", format!("The request body is not valid JSON: {e}")))?;
+    v["model"] = remote.into();
+    Ok(serde_json::to_vec(&v)
+        .expect("a JSON value serialises")
+        .into())
+}
+
+/// The upstream's failure as an error of ours: its message kept, the status mapped so that the
+/// client's own mistakes stay 4xx and the upstream's failures become 502.
+fn upstream_error(model: &str, status: StatusCode, body: &str) -> Error {
+    let message = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.chars().take(300).collect());
+    let kind = match status.as_u16() {
+        400 | 413 | 422 => ErrorKind::InvalidRequest,
+        404 => ErrorKind::NotFound,
+        429 => ErrorKind::RateLimited,
+        _ => ErrorKind::BadGateway,
+    };
+    let mut e = Error::new(
+        kind,
+        format!("The upstream for `{model}` answered {status}: {message}"),
+    );
+    if kind == ErrorKind::RateLimited {
+        e = e.with_code("upstream_rate_limited").with_retry_after(1);
+    } else if kind == ErrorKind::BadGateway {
+        e = e.with_code("upstream_error");
+    }
+    e
+}
+
+#[derive(serde::Deserialize)]
+struct WithUsage {
+    usage: Option<Usage>,
+}
+
+fn usage_of(bytes: &[u8]) -> Option<Usage> {
+    serde_json::from_slice::<WithUsage>(bytes).ok()?.usage
+}
+
+/// Watches an SSE stream go by: takes the usage chunk if the upstream sends one, counts
+/// content chunks otherwise, and reports when the stream is dropped.
+struct StreamMeter {
+    usage: Arc<UsageReport>,
+    line: Vec<u8>,
+    chunks: u64,
+    reported: Option<Usage>,
+}
+
+impl StreamMeter {
+    fn new(usage: Arc<UsageReport>) -> Self {
+        Self {
+            usage,
+            line: Vec::new(),
+            chunks: 0,
+            reported: None,
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if b != b'\n' {
+                self.line.push(b);
+                continue;
+            }
+            if let Some(data) = self.line.strip_prefix(b"data:") {
+                let data = data.trim_ascii();
+                if data != b"[DONE]" {
+                    self.chunks += 1;
+                    if data.windows(8).any(|w| w == b"\"usage\":")
+                        && let Some(u) = usage_of(data)
+                    {
+                        self.reported = Some(u);
+                    }
+                }
+            }
+            self.line.clear();
+        }
+    }
+}
+
+impl Drop for StreamMeter {
+    fn drop(&mut self) {
+        match self.reported {
+            Some(u) => self
+                .usage
+                .set(u.prompt_tokens as u64, u.completion_tokens as u64),
+            None => self.usage.set_completion_only(self.chunks),
+        }
+    }
+}

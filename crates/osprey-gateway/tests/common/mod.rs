@@ -1,0 +1,258 @@
+//! A gateway in front of a test upstream, and a switchable TCP proxy to simulate a Redis
+//! outage: the pieces of the edge tests.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Json;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use osprey_gateway::auth::Authenticator;
+use osprey_gateway::config::{AdmissionConfig, EdgeConfig, TenantConfig, UpstreamConfig};
+use osprey_gateway::edge::Edge;
+use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::upstream::{Upstream, http_client};
+use osprey_gateway::{AppState, HttpConfig};
+use osprey_store::Store;
+use serde_json::{Value, json};
+
+/// Chunks the test upstream streams.
+pub const STREAM_CHUNKS: usize = 50;
+
+/// The Redis of the tests, or `None` (and a note saying the test skips).
+pub fn redis_url(test: &str) -> Option<String> {
+    match std::env::var("OSPREY_TEST_REDIS_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            eprintln!("SKIPPED {test}: OSPREY_TEST_REDIS_URL is not set (.ci/run sets it)");
+            None
+        }
+    }
+}
+
+/// A unique name, so runs sharing one Redis never share buckets.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", rand::random::<u64>())
+}
+
+/// A fresh store in a temporary folder.
+pub async fn store() -> (Store, String) {
+    let dir = std::env::temp_dir().join(unique("osprey-edge"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = Store::default_url(&dir);
+    (Store::open(&url).await.unwrap(), url)
+}
+
+/// How to build a gateway.
+#[derive(Clone, Default)]
+pub struct Setup {
+    pub store_url: String,
+    pub redis: Option<String>,
+    pub replicas: u64,
+    pub tenants: BTreeMap<String, TenantConfig>,
+    pub admission: AdmissionConfig,
+    pub admin_key: Option<String>,
+    /// Upstream models: (name, base URL).
+    pub upstreams: Vec<(String, String)>,
+}
+
+/// Starts a gateway with no local engine; returns its base URL.
+pub async fn gateway(setup: Setup) -> String {
+    let store = Store::open(&setup.store_url).await.unwrap();
+    let auth = Authenticator::new(store).await.unwrap();
+    auth.spawn_refresh_task();
+    let limiter = match &setup.redis {
+        Some(url) => RateLimiter::with_redis(url, setup.replicas.max(1)).unwrap(),
+        None => RateLimiter::local(),
+    };
+    let config = EdgeConfig {
+        tenants: setup.tenants,
+        admission: setup.admission,
+        admin_key: setup.admin_key,
+        ..EdgeConfig::default()
+    };
+    let upstreams = setup
+        .upstreams
+        .iter()
+        .map(|(name, url)| {
+            let config = UpstreamConfig {
+                url: url.clone(),
+                api_key_env: None,
+                model: None,
+                timeout_secs: Some(5.0),
+            };
+            Upstream::new(name, &config, http_client()).unwrap()
+        })
+        .collect();
+    let state = AppState::with_models(None, upstreams, Edge::new(config, auth, limiter));
+    serve(state).await
+}
+
+async fn serve(state: AppState) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        osprey_gateway::serve(
+            listener,
+            state,
+            &HttpConfig::default(),
+            std::future::pending(),
+        )
+        .await
+    });
+    format!("http://{addr}")
+}
+
+/// An OpenAI-compatible upstream: echoes the `max_tokens` it received, streams
+/// [`STREAM_CHUNKS`] chunks (`t0 `, `t1 `, …) then usage, sleeps on model `slow`, fails on
+/// model `broken`.
+pub async fn upstream() -> String {
+    async fn chat(Json(body): Json<Value>) -> Response {
+        let model = body["model"].as_str().unwrap_or("").to_owned();
+        if model == "broken" {
+            let e = json!({"error": {"message": "engine crashed", "type": "server_error"}});
+            return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, Json(e)).into_response();
+        }
+        if model == "slow" {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+        }
+        if body["stream"] == true {
+            let events = futures_util::stream::unfold(0usize, |i| async move {
+                let data = match i {
+                    i if i < STREAM_CHUNKS => {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": format!("t{i} ")}}]}).to_string()
+                    }
+                    i if i == STREAM_CHUNKS => json!({"object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": STREAM_CHUNKS, "total_tokens": 7 + STREAM_CHUNKS}}).to_string(),
+                    i if i == STREAM_CHUNKS + 1 => "[DONE]".to_owned(),
+                    _ => return None,
+                };
+                Some((Ok::<_, Infallible>(Event::default().data(data)), i + 1))
+            });
+            return Sse::new(events).into_response();
+        }
+        Json(json!({
+            "object": "chat.completion",
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("max_tokens={}", body["max_tokens"])}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+        }))
+        .into_response()
+    }
+    let app = axum::Router::new().route("/v1/chat/completions", post(chat));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/v1")
+}
+
+/// A TCP proxy to Redis that can be cut: while down it closes every connection, old and new.
+pub struct Proxy {
+    pub url: String,
+    up: Arc<AtomicBool>,
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+impl Proxy {
+    pub async fn start(redis_url: &str) -> Self {
+        let target = redis_url
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = Arc::new(AtomicBool::new(true));
+        let (cut, watch) = tokio::sync::watch::channel(0u64);
+        let is_up = up.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                if !is_up.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let target = target.clone();
+                let mut cut = watch.clone();
+                cut.borrow_and_update(); // only cuts after this one count
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        Self {
+            url: format!("redis://{addr}"),
+            up,
+            cut,
+        }
+    }
+
+    pub fn down(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        self.cut.send_modify(|n| *n += 1);
+    }
+
+    pub fn up(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A chat request to `model`, with `key` if given.
+pub async fn chat(base: &str, key: Option<&str>, body: Value) -> reqwest::Response {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body);
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    req.send().await.unwrap()
+}
+
+/// A minimal chat body for `model`.
+pub fn hello(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10})
+}
+
+/// A header as a number.
+pub fn header_num(r: &reqwest::Response, name: &str) -> u64 {
+    r.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header"))
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A tenant with these request and token limits.
+pub fn tenant(rpm: u64, tpm: u64) -> TenantConfig {
+    TenantConfig {
+        rpm: Some(rpm),
+        tpm: Some(tpm),
+        ..TenantConfig::default()
+    }
+}
+
+/// A gauge or counter from a gateway's /metrics.
+pub async fn metric(base: &str, name: &str) -> Option<f64> {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}

@@ -1,0 +1,356 @@
+//! The edge on one gateway, in front of a test upstream: keys, tenants, limits and their
+//! headers, shaping, admission control, upstream streaming and errors.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use osprey_core::Priority;
+use osprey_gateway::config::{AdmissionConfig, TenantConfig};
+use osprey_store::NewKey;
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn keys_are_required_once_one_exists() {
+    let (store, store_url) = store().await;
+    let upstream = upstream().await;
+    let setup = Setup {
+        store_url,
+        upstreams: vec![("mock".into(), upstream)],
+        ..Setup::default()
+    };
+    let base = gateway(setup).await;
+    // No keys yet: open, and the rate-limit headers are there all the same.
+    let r = chat(&base, None, hello("mock")).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().contains_key("x-ratelimit-remaining-requests"));
+
+    let key = store.create_key(NewKey::for_tenant("acme")).await.unwrap();
+    // Another process created it: the gateway notices within a second (the store's change
+    // counter is polled), or at once when the key is used.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    for (key, why) in [(None, "missing"), (Some("osk-not-a-key"), "wrong")] {
+        let r = chat(&base, key, hello("mock")).await;
+        assert_eq!(r.status(), 401, "{why} key");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "invalid_api_key");
+        assert_eq!(body["error"]["type"], "authentication_error");
+    }
+    assert_eq!(
+        chat(&base, Some(&key.secret), hello("mock")).await.status(),
+        200
+    );
+    let via_api_key_header = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .header("api-key", &key.secret)
+        .json(&hello("mock"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(via_api_key_header.status(), 200);
+    let models = reqwest::get(format!("{base}/v1/models")).await.unwrap();
+    assert_eq!(models.status(), 401, "listing models needs a key too");
+
+    store.revoke_key(&key.record.id).await.unwrap();
+    // The store's change counter is polled each second.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(
+        chat(&base, Some(&key.secret), hello("mock")).await.status(),
+        401
+    );
+}
+
+#[tokio::test]
+async fn limits_are_per_tenant_with_headers_on_200_and_429() {
+    let (store, store_url) = store().await;
+    let (a, b) = (unique("a"), unique("b"));
+    let tenants = BTreeMap::from([
+        (a.clone(), tenant(5, 100_000)),
+        (b.clone(), tenant(5, 100_000)),
+    ]);
+    let setup = Setup {
+        store_url,
+        tenants,
+        upstreams: vec![("mock".into(), upstream().await)],
+        ..Setup::default()
+    };
+    let base = gateway(setup).await;
+    let ka = store
+        .create_key(NewKey::for_tenant(&a))
+        .await
+        .unwrap()
+        .secret;
+    let kb = store
+        .create_key(NewKey::for_tenant(&b))
+        .await
+        .unwrap()
+        .secret;
+    for i in 0..5 {
+        let r = chat(&base, Some(&ka), hello("mock")).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header_num(&r, "x-ratelimit-limit-requests"), 5);
+        assert_eq!(header_num(&r, "x-ratelimit-remaining-requests"), 4 - i);
+        assert!(header_num(&r, "x-ratelimit-remaining-tokens") < 100_000);
+        assert!(r.headers().contains_key("x-ratelimit-reset-tokens"));
+    }
+    let refused = chat(&base, Some(&ka), hello("mock")).await;
+    assert_eq!(refused.status(), 429);
+    let retry: u64 = header_num(&refused, "retry-after");
+    assert!((1..=12).contains(&retry), "one request per 12 s: {retry}");
+    assert_eq!(header_num(&refused, "x-ratelimit-remaining-requests"), 0);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    // Tenant A's traffic took nothing from tenant B.
+    let r = chat(&base, Some(&kb), hello("mock")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header_num(&r, "x-ratelimit-remaining-requests"), 4);
+}
+
+#[tokio::test]
+async fn tokens_are_charged_up_front_and_corrected_to_usage() {
+    let (store, store_url) = store().await;
+    let t = unique("tok");
+    let setup = Setup {
+        store_url,
+        tenants: BTreeMap::from([(t.clone(), tenant(1000, 2000))]),
+        upstreams: vec![("mock".into(), upstream().await)],
+        ..Setup::default()
+    };
+    let base = gateway(setup).await;
+    let key = store
+        .create_key(NewKey::for_tenant(&t))
+        .await
+        .unwrap()
+        .secret;
+    let mut body = hello("mock");
+    body["max_tokens"] = json!(1500);
+    let r = chat(&base, Some(&key), body.clone()).await;
+    assert_eq!(r.status(), 200);
+    let charged = 2000 - header_num(&r, "x-ratelimit-remaining-tokens");
+    assert!(charged >= 1500, "prompt + max_tokens charged: {charged}");
+    r.bytes().await.unwrap();
+    // The upstream reported 10 tokens: the rest comes back once the response has ended.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    body["max_tokens"] = json!(1);
+    let r = chat(&base, Some(&key), body).await;
+    let remaining = header_num(&r, "x-ratelimit-remaining-tokens");
+    assert!(remaining > 1900, "refunded: {remaining} left");
+
+    // A request that can never fit is refused, and says why.
+    let mut huge = hello("mock");
+    huge["max_tokens"] = json!(5000);
+    let r = chat(&base, Some(&key), huge).await;
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("too large")
+    );
+}
+
+#[tokio::test]
+async fn tenants_are_shaped_models_allowed_and_max_tokens_clamped() {
+    let (store, store_url) = store().await;
+    let t = unique("shaped");
+    let shaped = TenantConfig {
+        models: Some(vec!["mock".into()]),
+        max_tokens: Some(5),
+        ..TenantConfig::default()
+    };
+    let setup = Setup {
+        store_url,
+        tenants: BTreeMap::from([(t.clone(), shaped)]),
+        upstreams: vec![
+            ("mock".into(), upstream().await),
+            ("other".into(), upstream().await),
+        ],
+        ..Setup::default()
+    };
+    let base = gateway(setup).await;
+    let key = store
+        .create_key(NewKey::for_tenant(&t))
+        .await
+        .unwrap()
+        .secret;
+    let mut body = hello("mock");
+    body["max_tokens"] = json!(500);
+    let r: Value = chat(&base, Some(&key), body).await.json().await.unwrap();
+    assert_eq!(
+        r["choices"][0]["message"]["content"], "max_tokens=5",
+        "clamped to the cap"
+    );
+    let r = chat(&base, Some(&key), hello("other")).await;
+    assert_eq!(r.status(), 403);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "model_not_allowed");
+    let r = chat(&base, Some(&key), hello("nonexistent")).await;
+    assert_eq!(
+        r.status(),
+        403,
+        "a model outside the list is refused before lookup"
+    );
+    let oversized = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(&key)
+        .body(vec![b' '; 5 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(oversized.status(), 413);
+}
+
+#[tokio::test]
+async fn batch_work_is_shed_first_when_hot() {
+    let (_, store_url) = store().await;
+    let setup = Setup {
+        store_url,
+        admission: AdmissionConfig {
+            max_in_flight: 4,
+            max_queued_tokens: 1_000_000,
+            batch_share: 0.5,
+        },
+        upstreams: vec![("slow".into(), upstream().await)],
+        ..Setup::default()
+    };
+    let base = gateway(setup).await;
+    let with_priority = |p: Priority| {
+        let mut b = hello("slow");
+        b["osprey"] = json!({"priority": p});
+        b
+    };
+    // Two slow batch requests fill the batch share.
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let (base, body) = (base.clone(), with_priority(Priority::Batch));
+            tokio::spawn(async move { chat(&base, None, body).await.status() })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let shed = chat(&base, None, with_priority(Priority::Batch)).await;
+    assert_eq!(shed.status(), 503);
+    assert_eq!(header_num(&shed, "retry-after"), 1);
+    let e: Value = shed.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "server_overloaded");
+    // Interactive work still gets in.
+    let r = chat(&base, None, with_priority(Priority::Interactive)).await;
+    assert_eq!(r.status(), 200);
+    for h in held {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+}
+
+#[tokio::test]
+async fn upstreams_stream_every_token_and_fail_clearly() {
+    let (_, store_url) = store().await;
+    let setup = Setup {
+        store_url,
+        upstreams: vec![
+            ("mock".into(), upstream().await),
+            ("broken".into(), upstream().await),
+            ("gone".into(), "http://127.0.0.1:9/v1".into()),
+        ],
+        ..Setup::default()
+    };
+    let base = gateway(setup).await;
+    let mut body = hello("mock");
+    body["stream"] = json!(true);
+    let r = chat(&base, None, body).await;
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = r.text().await.unwrap();
+    let content: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    let expected: String = (0..STREAM_CHUNKS).map(|i| format!("t{i} ")).collect();
+    assert_eq!(content, expected, "every token, in order");
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+
+    let r = chat(&base, None, hello("broken")).await;
+    assert_eq!(r.status(), 502);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "upstream_error");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("engine crashed")
+    );
+    let r = chat(&base, None, hello("gone")).await;
+    assert_eq!(r.status(), 502);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "upstream_unavailable");
+    let r = chat(&base, None, hello("nonexistent")).await;
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn the_admin_api_needs_the_admin_key() {
+    let (_, store_url) = store().await;
+    let setup = Setup {
+        store_url,
+        admin_key: Some("admin-secret".into()),
+        upstreams: vec![("mock".into(), upstream().await)],
+        ..Setup::default()
+    };
+    let base = gateway(setup).await;
+    let http = reqwest::Client::new();
+    let create = |key: &'static str| {
+        http.post(format!("{base}/admin/keys"))
+            .bearer_auth(key)
+            .json(&json!({"tenant": "acme", "name": "ci", "rpm": 2}))
+            .send()
+    };
+    assert_eq!(create("wrong").await.unwrap().status(), 401);
+    let created: Value = create("admin-secret").await.unwrap().json().await.unwrap();
+    let secret = created["key"].as_str().unwrap().to_owned();
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(created["rpm"], 2);
+    let r = chat(&base, Some(&secret), hello("mock")).await;
+    assert_eq!(
+        header_num(&r, "x-ratelimit-limit-requests"),
+        2,
+        "the key's own limit"
+    );
+    let list: Value = http
+        .get(format!("{base}/admin/keys"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["data"][0]["id"], id);
+    assert!(
+        list["data"][0].get("key").is_none(),
+        "secrets are never listed"
+    );
+    let revoked = http
+        .delete(format!("{base}/admin/keys/{id}"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoked.status(), 200);
+    assert_eq!(
+        chat(&base, Some(&secret), hello("mock")).await.status(),
+        401
+    );
+}

@@ -1,0 +1,64 @@
+//! Redis going away mid-test, through a proxy in front of the real Redis
+//! (`OSPREY_TEST_REDIS_URL`): requests keep passing on local limits (this replica's share), the
+//! switch shows in /metrics, and limits are shared again once Redis is back. Its own test
+//! binary, so the metrics it reads are its own.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use osprey_store::NewKey;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_redis_falls_back_to_local_shares_and_recovers() {
+    let Some(redis) = redis_url("losing_redis_falls_back_to_local_shares_and_recovers") else {
+        return;
+    };
+    let proxy = Proxy::start(&redis).await;
+    let (store, store_url) = store().await;
+    let t = unique("outage");
+    let setup = Setup {
+        store_url,
+        redis: Some(proxy.url.clone()),
+        replicas: 2,
+        tenants: BTreeMap::from([(t.clone(), tenant(1000, 10_000_000))]),
+        upstreams: vec![("mock".into(), upstream().await)],
+        ..Setup::default()
+    };
+    let base = gateway(setup).await;
+    let key = store
+        .create_key(NewKey::for_tenant(&t))
+        .await
+        .unwrap()
+        .secret;
+    let limit_seen = |r: &reqwest::Response| header_num(r, "x-ratelimit-limit-requests");
+
+    for _ in 0..5 {
+        let r = chat(&base, Some(&key), hello("mock")).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(limit_seen(&r), 1000, "the shared limit");
+    }
+    proxy.down();
+    for i in 0..10 {
+        let r = chat(&base, Some(&key), hello("mock")).await;
+        assert_eq!(r.status(), 200, "request {i} during the outage");
+        assert_eq!(limit_seen(&r), 500, "this replica's share of the limit");
+    }
+    assert_eq!(metric(&base, "osprey_ratelimit_redis_up").await, Some(0.0));
+    proxy.up();
+    // Redis is retried a second after the last failure.
+    let mut shared_again = false;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = chat(&base, Some(&key), hello("mock")).await;
+        assert_eq!(r.status(), 200);
+        if limit_seen(&r) == 1000 {
+            shared_again = true;
+            break;
+        }
+    }
+    assert!(shared_again, "limits are shared again once Redis is back");
+    assert_eq!(metric(&base, "osprey_ratelimit_redis_up").await, Some(1.0));
+}

@@ -1,0 +1,214 @@
+//! The TOML config file of `osprey serve`, and `osprey config check`.
+//!
+//! Top-level keys are `osprey serve`'s flags by their long names (`port = 8080`,
+//! `max_num_seqs = 16`, `upstream = ["big=http://gpu:8000/v1"]`); tables name tenants and
+//! upstream models:
+//!
+//! ```toml
+//! redis = "redis://127.0.0.1:6379"
+//! default_rpm = 600
+//!
+//! [tenants.acme]
+//! rpm = 60
+//! tpm = 100000
+//! max_concurrent = 8
+//! models = ["smollm2-135m-instruct"]
+//! max_tokens = 512
+//! priority = "interactive"
+//!
+//! [models.llama-70b]
+//! url = "http://10.0.0.5:8000/v1"
+//! api_key_env = "VLLM_KEY"
+//! model = "meta-llama/Llama-3.3-70B-Instruct"
+//! ```
+//!
+//! A flag or `OSPREY_*` variable beats the file, which beats the default. The file's flags are
+//! checked by the same parser as the command line, so a bad value reads as a bad flag would,
+//! with the file's line named.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, FromArgMatches};
+use osprey_gateway::config::{TenantConfig, UpstreamConfig};
+use serde::Deserialize;
+
+use crate::cli::{Cli, Command, ServeArgs};
+
+/// A parsed config file.
+#[derive(Debug, Default)]
+pub struct ConfigFile {
+    pub path: PathBuf,
+    text: String,
+    flags: BTreeMap<String, toml::Value>,
+    pub tenants: BTreeMap<String, TenantConfig>,
+    pub models: BTreeMap<String, UpstreamConfig>,
+}
+
+#[derive(Deserialize)]
+struct Shape {
+    #[serde(default)]
+    tenants: BTreeMap<String, TenantConfig>,
+    #[serde(default)]
+    models: BTreeMap<String, UpstreamConfig>,
+    #[serde(flatten)]
+    flags: BTreeMap<String, toml::Value>,
+}
+
+impl ConfigFile {
+    /// Reads and parses `path`; errors name the line.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the config file {}", path.display()))?;
+        let shape: Shape =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok(Self {
+            path: path.to_owned(),
+            text,
+            flags: shape.flags,
+            tenants: shape.tenants,
+            models: shape.models,
+        })
+    }
+
+    /// The line (1-based) where `key` is set, for messages.
+    fn line_of(&self, key: &str) -> Option<usize> {
+        self.text
+            .lines()
+            .position(|l| {
+                let l = l.trim_start();
+                l.strip_prefix(key)
+                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+            })
+            .map(|i| i + 1)
+    }
+
+    /// Command-line arguments for the file's flags, except those in `skip`.
+    fn args(&self, skip: impl Fn(&str) -> bool) -> anyhow::Result<Vec<String>> {
+        let mut args = Vec::new();
+        for (key, value) in &self.flags {
+            let id = key.replace('-', "_");
+            if skip(&id) {
+                continue;
+            }
+            let flag = format!("--{}", key.replace('_', "-"));
+            let at = || match self.line_of(key) {
+                Some(n) => format!("{} line {n}", self.path.display()),
+                None => self.path.display().to_string(),
+            };
+            match value {
+                toml::Value::Boolean(true) => args.push(flag),
+                toml::Value::Boolean(false) => {}
+                toml::Value::Array(items) => {
+                    for item in items {
+                        args.push(flag.clone());
+                        args.push(scalar(item).with_context(|| format!("{}: `{key}`", at()))?);
+                    }
+                }
+                v => {
+                    args.push(flag);
+                    args.push(scalar(v).with_context(|| format!("{}: `{key}`", at()))?);
+                }
+            }
+        }
+        Ok(args)
+    }
+
+    /// `osprey serve`'s arguments: the command line's, then the file's for every flag the
+    /// command line and environment left unset.
+    pub fn serve_args(&self, argv: &[String], matches: &ArgMatches) -> anyhow::Result<ServeArgs> {
+        let explicit = |id: &str| {
+            matches!(
+                matches.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        };
+        let mut full = argv.to_vec();
+        full.extend(self.args(explicit)?);
+        match parse_serve(&full) {
+            Ok(args) => Ok(args),
+            Err(e) => Err(self.explain(e)),
+        }
+    }
+
+    /// A clap error about the file's flags, with the file and line named.
+    fn explain(&self, e: clap::Error) -> anyhow::Error {
+        let text = e.to_string();
+        let key = self.flags.keys().find(|k| {
+            let flag = format!("--{}", k.replace('_', "-"));
+            text.contains(&format!("'{flag}'")) || text.contains(&format!("'{flag} "))
+        });
+        match key.and_then(|k| Some((k, self.line_of(k)?))) {
+            Some((k, line)) => anyhow::anyhow!(
+                "{} line {line}: `{k}`: {}",
+                self.path.display(),
+                text.lines()
+                    .next()
+                    .unwrap_or("")
+                    .trim_start_matches("error: ")
+            ),
+            None => anyhow::anyhow!("{}: {}", self.path.display(), text.trim()),
+        }
+    }
+}
+
+fn scalar(v: &toml::Value) -> anyhow::Result<String> {
+    Ok(match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Float(f) => f.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        other => bail!(
+            "expected a string, number or boolean, found {}",
+            other.type_str()
+        ),
+    })
+}
+
+fn parse_serve(argv: &[String]) -> Result<ServeArgs, clap::Error> {
+    let matches = <Cli as clap::CommandFactory>::command().try_get_matches_from(argv)?;
+    match Cli::from_arg_matches(&matches)?.command {
+        Command::Serve(args) => Ok(*args),
+        _ => unreachable!("argv starts with `osprey serve`"),
+    }
+}
+
+/// `osprey config check FILE`: parses the file, its flags and tables, and builds what serving
+/// would build from them, reporting the first problem with its line.
+pub fn check(path: &Path) -> anyhow::Result<()> {
+    let file = ConfigFile::load(path)?;
+    let mut argv = vec!["osprey".to_owned(), "serve".to_owned()];
+    argv.extend(file.args(|_| false)?);
+    let args = parse_serve(&argv).map_err(|e| file.explain(e))?;
+    let edge = crate::serve::edge_config(&args, &file);
+    let client = osprey_gateway::upstream::http_client();
+    for (name, model) in &file.models {
+        osprey_gateway::upstream::Upstream::new(name, model, client.clone()).map_err(|e| {
+            let line = file
+                .text
+                .lines()
+                .position(|l| l.trim() == format!("[models.{name}]"));
+            anyhow::anyhow!(
+                "{}{}: {e}",
+                path.display(),
+                line.map_or(String::new(), |n| format!(" line {}", n + 1))
+            )
+        })?;
+    }
+    crate::serve::upstreams_from_flags(&args.upstream)?;
+    println!(
+        "{}: ok ({} tenants, {} upstream models, store {}, limits {})",
+        path.display(),
+        edge.tenants.len(),
+        file.models.len() + args.upstream.len(),
+        args.store.as_deref().unwrap_or("default"),
+        if args.redis.is_some() {
+            "shared through Redis"
+        } else {
+            "local"
+        },
+    );
+    Ok(())
+}
