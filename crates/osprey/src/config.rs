@@ -136,9 +136,11 @@ impl ConfigFile {
     /// A clap error about the file's flags, with the file and line named.
     fn explain(&self, e: clap::Error) -> anyhow::Error {
         let text = e.to_string();
+        // The first line names the argument at fault (later ones may suggest similar ones).
+        let first = text.lines().next().unwrap_or("");
         let key = self.flags.keys().find(|k| {
             let flag = format!("--{}", k.replace('_', "-"));
-            text.contains(&format!("'{flag}'")) || text.contains(&format!("'{flag} "))
+            first.contains(&format!("'{flag}'")) || first.contains(&format!("'{flag} "))
         });
         match key.and_then(|k| Some((k, self.line_of(k)?))) {
             Some((k, line)) => anyhow::anyhow!(
@@ -211,4 +213,54 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
         },
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> PathBuf {
+        let path =
+            std::env::temp_dir().join(format!("osprey-config-{:x}.toml", rand::random::<u64>()));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_good_file_checks_and_its_flags_parse() {
+        let path = file(
+            "port = 9001\nmax_num_seqs = 4\nno-prefix-caching = true\nupstream = [\"a=http://127.0.0.1:1/v1\"]\n\
+             [tenants.acme]\nrpm = 60\nmodels = [\"a\"]\npriority = \"batch\"\n\
+             [models.b]\nurl = \"http://127.0.0.1:2/v1\"\n",
+        );
+        check(&path).unwrap();
+        let file = ConfigFile::load(&path).unwrap();
+        let argv: Vec<String> = ["osprey", "serve", "--port", "9002"]
+            .map(String::from)
+            .to_vec();
+        let matches = <Cli as clap::CommandFactory>::command().get_matches_from(&argv);
+        let args = file
+            .serve_args(&argv, matches.subcommand_matches("serve").unwrap())
+            .unwrap();
+        assert_eq!(args.port, 9002, "the command line beats the file");
+        assert_eq!(args.max_num_seqs, 4);
+        assert!(args.no_prefix_caching);
+        assert_eq!(args.upstream, ["a=http://127.0.0.1:1/v1"]);
+        assert_eq!(file.tenants["acme"].rpm, Some(60));
+    }
+
+    #[test]
+    fn bad_files_name_the_line() {
+        let cases = [
+            ("port = 80\nmax_num_seqs = \"many\"\n", "line 2"),
+            ("port = 80\n\nportt = 81\n", "line 3"),
+            ("[tenants.acme]\nrpm = 60\nrmp = 5\n", "line 3"),
+            ("port = \n", "line 1"),
+            ("[models.x]\nurl = \"ftp://nope\"\n", "line 1"),
+        ];
+        for (text, want) in cases {
+            let e = check(&file(text)).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
 }

@@ -88,6 +88,8 @@ struct Inner {
     /// While Redis is considered down: until when (µs) not to try it.
     redis_down_until: AtomicI64,
     redis_down: AtomicBool,
+    /// Redis settlements not yet sent: bucket name → (bucket, summed delta).
+    pending: std::sync::Mutex<std::collections::HashMap<String, (Bucket, i64)>>,
 }
 
 impl RateLimiter {
@@ -112,6 +114,7 @@ impl RateLimiter {
                 replicas: replicas.max(1),
                 redis_down_until: AtomicI64::new(0),
                 redis_down: AtomicBool::new(false),
+                pending: Default::default(),
             }),
         }
     }
@@ -168,28 +171,53 @@ impl RateLimiter {
         Verdict::Checked(self.inner.local.check(buckets, now_us(), share))
     }
 
-    /// Corrects earlier charges by `(bucket, delta)`, in the background.
+    /// Corrects earlier charges by `(bucket, delta)`. Locally at once; through Redis the
+    /// corrections are summed per bucket and sent in one script call every
+    /// [`SETTLE_INTERVAL`], so settling costs Redis a call per interval, not per request.
     pub fn settle(&self, corrections: Vec<(Bucket, i64)>) {
         if corrections.iter().all(|(_, d)| *d == 0) {
             return;
         }
-        let this = self.clone();
-        tokio::spawn(async move {
-            if let Some(redis) = this.shared() {
-                match redis.settle(&corrections).await {
-                    Ok(()) => return this.redis_ok(),
-                    Err(e) => this.redis_failed(&e),
-                }
+        if self.inner.redis.is_none() {
+            return self.inner.local.settle(&corrections, now_us(), 1);
+        }
+        let mut pending = self.inner.pending.lock().expect("pending lock");
+        let start_flusher = pending.is_empty();
+        for (b, delta) in corrections {
+            pending.entry(b.name.clone()).or_insert((b, 0)).1 += delta;
+        }
+        drop(pending);
+        if start_flusher {
+            let this = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(SETTLE_INTERVAL).await;
+                this.flush_settlements().await;
+            });
+        }
+    }
+
+    async fn flush_settlements(&self) {
+        let corrections: Vec<(Bucket, i64)> = {
+            let mut pending = self.inner.pending.lock().expect("pending lock");
+            pending.drain().map(|(_, c)| c).collect()
+        };
+        if corrections.is_empty() {
+            return;
+        }
+        if let Some(redis) = self.shared() {
+            match redis.settle(&corrections).await {
+                Ok(()) => return self.redis_ok(),
+                Err(e) => self.redis_failed(&e),
             }
-            let share = if this.inner.redis.is_some() {
-                this.inner.replicas
-            } else {
-                1
-            };
-            this.inner.local.settle(&corrections, now_us(), share);
-        });
+        }
+        self.inner
+            .local
+            .settle(&corrections, now_us(), self.inner.replicas);
     }
 }
+
+/// How long Redis settlements are gathered before they are sent.
+pub const SETTLE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Microseconds since the Unix epoch.
 pub fn now_us() -> i64 {
