@@ -1,12 +1,17 @@
-//! Osprey's HTTP edge: the OpenAI-compatible API in front of the engine.
+//! Osprey's HTTP edge: the OpenAI-compatible API in front of the engine and of upstream
+//! OpenAI-compatible servers.
 //!
+//! - [`edge`]: what every `/v1` request passes first: [`auth`] (API keys), tenants
+//!   ([`config`]), [`admission`] control, and [`limits`] (GCRA rate limits, in memory or shared
+//!   through Redis), with OpenAI's `x-ratelimit-*` headers on the way out;
+//! - [`upstream`]: models served by another OpenAI-compatible server, streamed through;
 //! - [`routes`]: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
 //!   `/health`, `/ready`, `/metrics`; streaming with server-sent events;
 //! - [`error`]: the only place an [`osprey_core::Error`] becomes an HTTP status, always in
 //!   OpenAI's envelope `{"error": {"message", "type", "param", "code"}}` — including bodies too
 //!   large, malformed JSON, unknown routes and handler panics;
-//! - [`state::AppState`]: the served model and its engine (set once loading finishes, so the
-//!   server answers `/health` while the model loads);
+//! - [`state::AppState`]: the served models (the local engine, set once loading finishes, so
+//!   the server answers `/health` while the model loads; upstreams) and the edge;
 //! - [`metrics`]: Prometheus export and request histograms.
 //!
 //! ```no_run

@@ -267,17 +267,7 @@ async fn upstreams_stream_every_token_and_fail_clearly() {
             .starts_with("text/event-stream")
     );
     let text = r.text().await.unwrap();
-    let content: String = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| {
-            v["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(str::to_owned)
-        })
-        .collect();
+    let content = streamed_content(&text);
     let expected: String = (0..STREAM_CHUNKS).map(|i| format!("t{i} ")).collect();
     assert_eq!(content, expected, "every token, in order");
     assert!(text.trim_end().ends_with("data: [DONE]"));

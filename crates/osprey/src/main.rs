@@ -9,7 +9,18 @@ mod serve;
 
 use clap::{CommandFactory, FromArgMatches};
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    // Errors are for people: the message and its causes, never a backtrace dump.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     let matches = cli::Cli::command().get_matches_from(&argv);
     let cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
