@@ -54,6 +54,13 @@ impl Upstream {
             })?),
             None => None,
         };
+        let secs = config.timeout_secs.unwrap_or(60.0);
+        let timeout = Duration::try_from_secs_f64(secs)
+            .ok()
+            .filter(|t| !t.is_zero())
+            .ok_or_else(|| {
+                format!("model `{name}`: timeout_secs must be a positive number of seconds")
+            })?;
         if !(config.url.starts_with("http://") || config.url.starts_with("https://")) {
             return Err(format!(
                 "model `{name}`: url `{}` is not an http(s) URL",
@@ -65,7 +72,7 @@ impl Upstream {
             url: config.url.trim_end_matches('/').to_owned(),
             remote_model: config.model.clone().filter(|m| m != name),
             api_key,
-            timeout: Duration::from_secs_f64(config.timeout_secs.unwrap_or(60.0).max(0.001)),
+            timeout,
             client,
         })
     }

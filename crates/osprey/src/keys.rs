@@ -54,15 +54,15 @@ fn parse_expiry(s: &str) -> Result<i64, String> {
     let n: i64 = num
         .parse()
         .map_err(|_| format!("`{s}` is not a duration like 30d or Unix seconds"))?;
-    let secs = match unit {
-        "" => return Ok(n * 1000),
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86_400,
+    let scale: i64 = match unit {
+        "" => return Ok(n.saturating_mul(1000)),
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
         other => return Err(format!("unknown unit `{other}` (use s, m, h or d)")),
     };
-    Ok(now_ms() + secs * 1000)
+    Ok(now_ms().saturating_add(n.saturating_mul(scale).saturating_mul(1000)))
 }
 
 pub fn run(args: KeysArgs) -> anyhow::Result<()> {

@@ -112,7 +112,7 @@ async fn create_key(
         .create_key(NewKey {
             tenant: req.tenant,
             name: req.name,
-            expires_at: req.expires_at.map(|s| s * 1000),
+            expires_at: req.expires_at.map(|s| s.saturating_mul(1000)),
             rpm: req.rpm,
             tpm: req.tpm,
         })
