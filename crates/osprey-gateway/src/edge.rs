@@ -339,7 +339,9 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
                 "Request too large: it needs about {charged} tokens, more than the {} tokens per minute allowed. Lower max_tokens or the prompt.",
                 tenant.tpm.min(key_tpm.unwrap_or(u64::MAX))
             ))
-            .with_code("rate_limit_exceeded"),
+            .with_code("rate_limit_exceeded")
+            // Waiting will not help, but every 429 says when to come back: a full window.
+            .with_retry_after(60),
             Some(us) => Error::new(ErrorKind::RateLimited, format!(
                 "Rate limit reached for {limited} per minute (tenant `{}`). Retry in {}.",
                 tenant.name,

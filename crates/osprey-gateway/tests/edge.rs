@@ -143,6 +143,7 @@ async fn tokens_are_charged_up_front_and_corrected_to_usage() {
     huge["max_tokens"] = json!(5000);
     let r = chat(&base, Some(&key), huge).await;
     assert_eq!(r.status(), 429);
+    assert_eq!(header_num(&r, "retry-after"), 60);
     let body: Value = r.json().await.unwrap();
     assert!(
         body["error"]["message"]
