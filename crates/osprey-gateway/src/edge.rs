@@ -25,7 +25,7 @@ use crate::admission::{Admission, Place};
 use crate::auth::Authenticator;
 use crate::config::{EdgeConfig, OPEN_TENANT, Tenant};
 use crate::error::ApiError;
-use crate::limits::{Bucket, BucketState, Decision, RateLimiter, Verdict};
+use crate::limits::{Bucket, BucketState, Decision, RateLimiter, Unit, Verdict};
 use crate::state::AppState;
 
 /// Completion tokens assumed on admission for a request that sets no `max_tokens` (and has
@@ -51,9 +51,16 @@ impl Caller {
     }
 }
 
-/// The model a request's body names, as the edge read it (`None` if the body is not JSON).
+/// What the edge hands a generation handler (an extension on every admitted request).
 #[derive(Clone, Debug)]
-pub struct RequestedModel(pub Option<String>);
+pub struct Admitted {
+    /// Who is calling.
+    pub caller: Caller,
+    /// The model the body names, as the edge read it (`None` if the body is not JSON).
+    pub model: Option<String>,
+    /// Where the handler reports the request's actual token usage.
+    pub usage: Arc<UsageReport>,
+}
 
 /// The state of [`guard`]: the app and the largest body it reads.
 #[derive(Clone)]
@@ -148,11 +155,15 @@ impl Edge {
         t
     }
 
-    /// The caller of a request that never passed the edge: the open tenant.
-    pub fn open_caller(&self) -> Caller {
-        Caller {
-            tenant: self.tenant(OPEN_TENANT),
-            key_id: None,
+    /// The admission of a request that never passed the edge: the open tenant, nothing read.
+    pub fn unguarded(&self) -> Admitted {
+        Admitted {
+            caller: Caller {
+                tenant: self.tenant(OPEN_TENANT),
+                key_id: None,
+            },
+            model: None,
+            usage: Arc::default(),
         }
     }
 
@@ -285,28 +296,13 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
     let key_rpm = key.as_ref().and_then(|k| k.rpm).map(|v| v.max(1) as u64);
     let key_tpm = key.as_ref().and_then(|k| k.tpm).map(|v| v.max(1) as u64);
     let mut buckets = vec![
-        Bucket {
-            name: format!("tenant:{}:requests", tenant.name),
-            limit: tenant.rpm,
-            cost: 1,
-        },
-        Bucket {
-            name: format!("tenant:{}:tokens", tenant.name),
-            limit: tenant.tpm,
-            cost: charged,
-        },
+        bucket("tenant", &tenant.name, Unit::Requests, tenant.rpm, 1),
+        bucket("tenant", &tenant.name, Unit::Tokens, tenant.tpm, charged),
     ];
     if let Some(k) = &key {
-        buckets.push(Bucket {
-            name: format!("key:{}:requests", k.id),
-            limit: key_rpm.unwrap_or(tenant.rpm),
-            cost: 1,
-        });
-        buckets.push(Bucket {
-            name: format!("key:{}:tokens", k.id),
-            limit: key_tpm.unwrap_or(tenant.tpm),
-            cost: charged,
-        });
+        let (rpm, tpm) = (key_rpm.unwrap_or(tenant.rpm), key_tpm.unwrap_or(tenant.tpm));
+        buckets.push(bucket("key", &k.id, Unit::Requests, rpm, 1));
+        buckets.push(bucket("key", &k.id, Unit::Tokens, tpm, charged));
     }
     let decision = match edge.limiter.check(&buckets, caller.key_id.as_deref()).await {
         Verdict::Revoked => {
@@ -322,49 +318,21 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
     };
     let headers = LimitHeaders::of(&buckets, &decision);
     if !decision.allowed {
-        let limited = if decision
-            .states
-            .iter()
-            .zip(&buckets)
-            .any(|(s, b)| b.name.ends_with(":tokens") && s.remaining < b.cost)
-        {
-            "tokens"
-        } else {
-            "requests"
-        };
-        metrics::counter!(names::RATE_LIMITED, "tenant" => tenant.name.clone(), "limit" => limited)
-            .increment(1);
-        let e = match decision.retry_after_us {
-            None => Error::new(ErrorKind::RateLimited, format!(
-                "Request too large: it needs about {charged} tokens, more than the {} tokens per minute allowed. Lower max_tokens or the prompt.",
-                tenant.tpm.min(key_tpm.unwrap_or(u64::MAX))
-            ))
-            .with_code("rate_limit_exceeded")
-            // Waiting will not help, but every 429 says when to come back: a full window.
-            .with_retry_after(60),
-            Some(us) => Error::new(ErrorKind::RateLimited, format!(
-                "Rate limit reached for {limited} per minute (tenant `{}`). Retry in {}.",
-                tenant.name,
-                format_duration(us)
-            ))
-            .with_code("rate_limit_exceeded")
-            .with_retry_after(((us + 999_999) / 1_000_000).max(1) as u64),
-        };
-        return Err((e, Some(headers)));
+        return Err((refusal(tenant, &buckets, &decision), Some(headers)));
     }
 
-    parts.extensions.insert(caller);
-    parts.extensions.insert(RequestedModel(
-        (!model.is_empty()).then(|| model.to_owned()),
-    ));
     let usage = Arc::new(UsageReport::default());
-    parts.extensions.insert(usage.clone());
+    parts.extensions.insert(Admitted {
+        caller,
+        model: (!model.is_empty()).then(|| model.to_owned()),
+        usage: usage.clone(),
+    });
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
     let ticket = Ticket {
         limiter: edge.limiter.clone(),
         token_buckets: buckets
             .into_iter()
-            .filter(|b| b.name.ends_with(":tokens"))
+            .filter(|b| b.unit == Unit::Tokens)
             .collect(),
         charged,
         prompt_estimate,
@@ -374,6 +342,57 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
         _slot: slot,
     };
     Ok((Request::from_parts(parts, Body::from(bytes)), ticket))
+}
+
+/// The bucket `scope:id:unit`.
+fn bucket(scope: &str, id: &str, unit: Unit, limit: u64, cost: u64) -> Bucket {
+    Bucket {
+        name: format!("{scope}:{id}:{}", unit.as_str()),
+        unit,
+        limit,
+        cost,
+    }
+}
+
+/// The 429 for a request the limits refused, saying which limit and when to retry.
+fn refusal(tenant: &Tenant, buckets: &[Bucket], decision: &Decision) -> Error {
+    let over = |b: &Bucket, s: &BucketState| s.remaining < b.cost;
+    let tokens = buckets
+        .iter()
+        .zip(&decision.states)
+        .any(|(b, s)| b.unit == Unit::Tokens && over(b, s));
+    let limited = if tokens { Unit::Tokens } else { Unit::Requests }.as_str();
+    metrics::counter!(names::RATE_LIMITED, "tenant" => tenant.name.clone(), "limit" => limited)
+        .increment(1);
+    let e = match decision.retry_after_us {
+        None => {
+            let (cost, limit) = buckets
+                .iter()
+                .filter(|b| b.unit == Unit::Tokens)
+                .map(|b| (b.cost, b.limit))
+                .min_by_key(|&(_, limit)| limit)
+                .unwrap_or_default();
+            Error::new(
+                ErrorKind::RateLimited,
+                format!(
+                    "Request too large: it needs about {cost} tokens, more than the {limit} \
+                     tokens per minute allowed. Lower max_tokens or the prompt."
+                ),
+            )
+            // Waiting will not help, but every 429 says when to come back: a full window.
+            .with_retry_after(60)
+        }
+        Some(us) => Error::new(
+            ErrorKind::RateLimited,
+            format!(
+                "Rate limit reached for {limited} per minute (tenant `{}`). Retry in {}.",
+                tenant.name,
+                format_duration(us)
+            ),
+        )
+        .with_retry_after(((us + 999_999) / 1_000_000).max(1) as u64),
+    };
+    e.with_code("rate_limit_exceeded")
 }
 
 /// Sets the body's `max_tokens` (or `max_completion_tokens`, whichever it uses) to `cap`.
@@ -491,11 +510,11 @@ pub struct LimitHeaders {
 
 impl LimitHeaders {
     fn of(buckets: &[Bucket], decision: &Decision) -> Self {
-        let tightest = |suffix: &str| {
+        let tightest = |unit: Unit| {
             buckets
                 .iter()
                 .zip(&decision.states)
-                .filter(|(b, _)| b.name.ends_with(suffix))
+                .filter(|(b, _)| b.unit == unit)
                 .map(|(_, s)| *s)
                 .min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset_us)))
                 .unwrap_or(BucketState {
@@ -505,8 +524,8 @@ impl LimitHeaders {
                 })
         };
         Self {
-            requests: tightest(":requests"),
-            tokens: tightest(":tokens"),
+            requests: tightest(Unit::Requests),
+            tokens: tightest(Unit::Tokens),
         }
     }
 

@@ -2,10 +2,12 @@
 //! process, so the engine gauges in /metrics are this engine's): a full queue answers 503 with
 //! `retry-after` instead of hanging, and clients that hang up give back every KV block.
 
+mod common;
+
 use std::time::Duration;
 
 use osprey_engine::{Engine, EngineConfig, SchedulerConfig};
-use osprey_gateway::{AppState, HttpConfig};
+use osprey_gateway::AppState;
 use serde_json::{Value, json};
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -13,29 +15,7 @@ const MODEL: &str = "smollm2-135m-instruct";
 async fn server(engine: Engine) -> String {
     let state = AppState::new(MODEL);
     state.set_engine(engine);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        osprey_gateway::serve(
-            listener,
-            state,
-            &HttpConfig::default(),
-            std::future::pending(),
-        )
-        .await
-    });
-    format!("http://{addr}")
-}
-
-async fn gauge(base: &str, name: &str) -> Option<f64> {
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    common::serve(state).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,8 +94,14 @@ async fn overload_is_refused_and_disconnects_free_their_blocks() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         let s = engine.stats();
         if s.running() == 0 && s.waiting() == 0 && s.free_blocks() == s.total_blocks() {
-            assert_eq!(gauge(&base, "osprey_kv_blocks_used").await, Some(0.0));
-            assert_eq!(gauge(&base, "osprey_running_sequences").await, Some(0.0));
+            assert_eq!(
+                common::metric(&base, "osprey_kv_blocks_used").await,
+                Some(0.0)
+            );
+            assert_eq!(
+                common::metric(&base, "osprey_running_sequences").await,
+                Some(0.0)
+            );
             return;
         }
     }

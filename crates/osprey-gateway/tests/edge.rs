@@ -9,6 +9,7 @@ use common::*;
 use osprey_core::Priority;
 use osprey_gateway::config::{AdmissionConfig, TenantConfig};
 use osprey_store::NewKey;
+use reqwest::Method;
 use serde_json::{Value, json};
 
 #[tokio::test]
@@ -301,15 +302,18 @@ async fn the_admin_api_needs_the_admin_key() {
         ..Setup::default()
     };
     let base = gateway(setup).await;
-    let http = reqwest::Client::new();
-    let create = |key: &'static str| {
-        http.post(format!("{base}/admin/keys"))
-            .bearer_auth(key)
-            .json(&json!({"tenant": "acme", "name": "ci", "rpm": 2}))
-            .send()
+    let key = json!({"tenant": "acme", "name": "ci", "rpm": 2});
+    let create = |admin_key| {
+        admin(
+            &base,
+            admin_key,
+            Method::POST,
+            "/admin/keys",
+            Some(key.clone()),
+        )
     };
-    assert_eq!(create("wrong").await.unwrap().status(), 401);
-    let created: Value = create("admin-secret").await.unwrap().json().await.unwrap();
+    assert_eq!(create("wrong").await.status(), 401);
+    let created: Value = create("admin-secret").await.json().await.unwrap();
     let secret = created["key"].as_str().unwrap().to_owned();
     let id = created["id"].as_str().unwrap().to_owned();
     assert_eq!(created["rpm"], 2);
@@ -319,12 +323,8 @@ async fn the_admin_api_needs_the_admin_key() {
         2,
         "the key's own limit"
     );
-    let list: Value = http
-        .get(format!("{base}/admin/keys"))
-        .bearer_auth("admin-secret")
-        .send()
+    let list: Value = admin(&base, "admin-secret", Method::GET, "/admin/keys", None)
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -333,12 +333,8 @@ async fn the_admin_api_needs_the_admin_key() {
         list["data"][0].get("key").is_none(),
         "secrets are never listed"
     );
-    let revoked = http
-        .delete(format!("{base}/admin/keys/{id}"))
-        .bearer_auth("admin-secret")
-        .send()
-        .await
-        .unwrap();
+    let path = format!("/admin/keys/{id}");
+    let revoked = admin(&base, "admin-secret", Method::DELETE, &path, None).await;
     assert_eq!(revoked.status(), 200);
     assert_eq!(
         chat(&base, Some(&secret), hello("mock")).await.status(),

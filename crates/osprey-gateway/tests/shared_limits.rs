@@ -3,10 +3,12 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+
 use common::*;
 use osprey_store::NewKey;
+use reqwest::Method;
 use serde_json::Value;
-use std::collections::BTreeMap;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_share_one_limit() {
@@ -61,14 +63,9 @@ async fn a_revocation_reaches_every_replica_at_once() {
         ..Setup::default()
     };
     let (a, b) = (gateway(setup.clone()).await, gateway(setup).await);
-    let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{a}/admin/keys"))
-        .bearer_auth("admin")
-        .json(&serde_json::json!({"tenant": unique("rev")}))
-        .send()
+    let body = serde_json::json!({"tenant": unique("rev")});
+    let created: Value = admin(&a, "admin", Method::POST, "/admin/keys", Some(body))
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -78,12 +75,14 @@ async fn a_revocation_reaches_every_replica_at_once() {
     );
     // B learns of a key created on A from the shared store on its first use.
     assert_eq!(chat(&b, Some(secret), hello("mock")).await.status(), 200);
-    let revoked = http
-        .delete(format!("{a}/admin/keys/{id}"))
-        .bearer_auth("admin")
-        .send()
-        .await
-        .unwrap();
+    let revoked = admin(
+        &a,
+        "admin",
+        Method::DELETE,
+        &format!("/admin/keys/{id}"),
+        None,
+    )
+    .await;
     assert_eq!(revoked.status(), 200);
     // B still has the key cached as active: Redis tells it otherwise on this very request.
     let r = chat(&b, Some(secret), hello("mock")).await;

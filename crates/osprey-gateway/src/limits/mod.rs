@@ -20,11 +20,32 @@ pub use gcra::BucketState;
 use local::LocalLimiter;
 use redis::RedisLimiter;
 
+/// What a bucket counts (the limiter treats every bucket alike; callers report by unit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// Requests per minute.
+    Requests,
+    /// Tokens per minute.
+    Tokens,
+}
+
+impl Unit {
+    /// The word OpenAI's headers use (`x-ratelimit-limit-requests`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Requests => "requests",
+            Self::Tokens => "tokens",
+        }
+    }
+}
+
 /// One limit a request is charged against.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bucket {
     /// Unique name, e.g. `tenant:acme:tokens`.
     pub name: String,
+    /// What it counts.
+    pub unit: Unit,
     /// Units per minute.
     pub limit: u64,
     /// Units this request costs.
@@ -124,6 +145,16 @@ impl RateLimiter {
         self.inner.redis.as_ref()
     }
 
+    /// The share of each limit local buckets hold: all of it without Redis, this replica's
+    /// share when Redis is down.
+    fn local_share(&self) -> u64 {
+        if self.inner.redis.is_some() {
+            self.inner.replicas
+        } else {
+            1
+        }
+    }
+
     fn shared(&self) -> Option<&RedisLimiter> {
         let redis = self.inner.redis.as_ref()?;
         (now_us() >= self.inner.redis_down_until.load(Ordering::Relaxed)).then_some(redis)
@@ -163,12 +194,11 @@ impl RateLimiter {
                 Err(e) => self.redis_failed(&e),
             }
         }
-        let share = if self.inner.redis.is_some() {
-            self.inner.replicas
-        } else {
-            1
-        };
-        Verdict::Checked(self.inner.local.check(buckets, now_us(), share))
+        Verdict::Checked(
+            self.inner
+                .local
+                .check(buckets, now_us(), self.local_share()),
+        )
     }
 
     /// Corrects earlier charges by `(bucket, delta)`. Locally at once; through Redis the
@@ -179,7 +209,10 @@ impl RateLimiter {
             return;
         }
         if self.inner.redis.is_none() {
-            return self.inner.local.settle(&corrections, now_us(), 1);
+            return self
+                .inner
+                .local
+                .settle(&corrections, now_us(), self.local_share());
         }
         let mut pending = self.inner.pending.lock().expect("pending lock");
         let start_flusher = pending.is_empty();
@@ -212,7 +245,7 @@ impl RateLimiter {
         }
         self.inner
             .local
-            .settle(&corrections, now_us(), self.inner.replicas);
+            .settle(&corrections, now_us(), self.local_share());
     }
 }
 

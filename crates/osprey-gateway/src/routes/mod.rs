@@ -19,7 +19,7 @@ use axum::routing::{get, post};
 use futures_util::{Stream, StreamExt};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::edge::{Caller, EdgeLayer, RequestedModel, UsageReport};
+use crate::edge::{Admitted, Caller, EdgeLayer, UsageReport};
 use crate::error::{ApiError, not_found, panic_response};
 use crate::state::{AppState, Backend};
 
@@ -77,57 +77,59 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .layer(CatchPanicLayer::custom(panic_response))
 }
 
-/// What the edge hands a generation handler.
-type Admitted = (
-    State<AppState>,
-    Option<Extension<Caller>>,
-    Option<Extension<RequestedModel>>,
-    Option<Extension<Arc<UsageReport>>>,
-    Bytes,
-);
-
 /// Sends a generation request where its model is served: through an upstream as it is, or
 /// parsed for the local engine.
 async fn generate<R: osprey_core::api::ApiRequest>(
-    (State(state), caller, model, usage, body): Admitted,
+    state: AppState,
+    admitted: Option<Extension<Admitted>>,
+    body: Bytes,
     path: &str,
     local: impl AsyncFnOnce(AppState, R, Caller, Arc<UsageReport>) -> Result<Response, ApiError>,
 ) -> Result<Response, ApiError> {
-    let usage = usage.map(|u| u.0).unwrap_or_default();
-    if let Some(Extension(RequestedModel(Some(model)))) = model
+    let Admitted {
+        caller,
+        model,
+        usage,
+    } = admitted.map_or_else(|| state.edge().unguarded(), |a| a.0);
+    if let Some(model) = model
         && let Ok(Backend::Upstream(upstream)) = state.backend(&model)
     {
         return Ok(upstream.forward(path, body, usage).await?);
     }
     // Anything else is parsed in full first, so a malformed body is reported as such even
     // when it also names an unknown model.
-    let caller = caller
-        .map(|c| c.0)
-        .unwrap_or_else(|| state.edge().open_caller());
     let request: R = osprey_core::api::parse_request(&body)?;
     local(state, request, caller, usage).await
 }
 
 async fn chat_completions(
-    state: State<AppState>,
-    caller: Option<Extension<Caller>>,
-    model: Option<Extension<RequestedModel>>,
-    usage: Option<Extension<Arc<UsageReport>>>,
+    State(state): State<AppState>,
+    admitted: Option<Extension<Admitted>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let admitted = (state, caller, model, usage, body);
-    generate(admitted, "chat/completions", chat::chat_completions).await
+    generate(
+        state,
+        admitted,
+        body,
+        "chat/completions",
+        chat::chat_completions,
+    )
+    .await
 }
 
 async fn completions(
-    state: State<AppState>,
-    caller: Option<Extension<Caller>>,
-    model: Option<Extension<RequestedModel>>,
-    usage: Option<Extension<Arc<UsageReport>>>,
+    State(state): State<AppState>,
+    admitted: Option<Extension<Admitted>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let admitted = (state, caller, model, usage, body);
-    generate(admitted, "completions", completions::completions).await
+    generate(
+        state,
+        admitted,
+        body,
+        "completions",
+        completions::completions,
+    )
+    .await
 }
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {

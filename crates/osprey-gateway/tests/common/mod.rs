@@ -94,7 +94,8 @@ pub async fn gateway(setup: Setup) -> String {
     serve(state).await
 }
 
-async fn serve(state: AppState) -> String {
+/// Serves `state` on a free local port; returns its base URL.
+pub async fn serve(state: AppState) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -269,4 +270,21 @@ pub fn streamed_content(sse: &str) -> String {
                 .map(str::to_owned)
         })
         .collect()
+}
+
+/// A call to the admin API with `admin_key`, with a JSON body if given.
+pub async fn admin(
+    base: &str,
+    admin_key: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut req = reqwest::Client::new()
+        .request(method, format!("{base}{path}"))
+        .bearer_auth(admin_key);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    req.send().await.unwrap()
 }
