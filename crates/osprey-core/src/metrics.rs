@@ -47,6 +47,11 @@ pub const REJECTED_OVERLOADED: &str = "osprey_requests_rejected_overloaded_total
 pub const RATELIMIT_REDIS_UP: &str = "osprey_ratelimit_redis_up";
 /// Counter: Redis calls of the rate limiter that failed or timed out.
 pub const RATELIMIT_REDIS_ERRORS: &str = "osprey_ratelimit_redis_errors_total";
+/// Counter: Redis calls of the rate limiter, by `call` (`check` on a request's path,
+/// `top_up` and `return` of leases, `settle`).
+pub const RATELIMIT_REDIS_CALLS: &str = "osprey_ratelimit_redis_calls_total";
+/// Counter: requests admitted from units leased from Redis, without a round trip.
+pub const RATELIMIT_LEASED: &str = "osprey_ratelimit_leased_total";
 /// Counter: requests refused with 429, by tenant and limit (`requests`, `tokens`,
 /// `concurrency`).
 pub const RATE_LIMITED: &str = "osprey_requests_rate_limited_total";

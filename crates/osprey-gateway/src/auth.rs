@@ -3,7 +3,8 @@
 //!
 //! The cache holds every key, reloaded whenever the store's key counter moves (polled each
 //! second, so a key created or revoked by another process counts within a second; with Redis,
-//! revocation reaches every replica on its next request through the limiter's check). Last-use
+//! revocation reaches every replica before the revoker returns, through the limiter's
+//! revocation feed). Last-use
 //! times are collected in memory and written in one batch a second.
 
 use std::collections::HashMap;

@@ -49,6 +49,92 @@ async fn two_replicas_share_one_limit() {
     );
 }
 
+/// A limit large enough to lease: most requests are admitted from leased units without a
+/// Redis round trip, yet the replicas together admit no more than the limit, and strand at
+/// most a sixteenth of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_limits_still_hold_across_replicas() {
+    let Some(redis) = redis_url("leased_limits_still_hold_across_replicas") else {
+        return;
+    };
+    const LIMIT: u64 = 1600;
+    let (store, store_url) = store().await;
+    let t = unique("leased");
+    let setup = Setup {
+        store_url,
+        redis: Some(redis),
+        replicas: 2,
+        tenants: BTreeMap::from([(t.clone(), tenant(LIMIT, 1_000_000_000))]),
+        upstreams: vec![("mock".into(), upstream().await)],
+        ..Setup::default()
+    };
+    let replicas = [gateway(setup.clone()).await, gateway(setup).await];
+    let key = store
+        .create_key(NewKey::for_tenant(&t))
+        .await
+        .unwrap()
+        .secret;
+    let calls = |base| async move {
+        let check = r#"osprey_ratelimit_redis_calls_total{call="check"}"#;
+        metric(base, check).await.unwrap_or(0.0)
+    };
+    let checks_before = calls(&replicas[0]).await;
+    let leased_before = metric(&replicas[0], "osprey_ratelimit_leased_total")
+        .await
+        .unwrap_or(0.0);
+    let start = std::time::Instant::now();
+    let mut admitted = [0u64; 2];
+    let requests = LIMIT as usize + 200;
+    for wave in 0..requests / 16 {
+        let sent = (0..16).map(|i| {
+            let (base, key) = (&replicas[i % 2], &key);
+            async move {
+                (
+                    i % 2,
+                    chat(base, Some(key), hello("mock")).await.status().as_u16(),
+                )
+            }
+        });
+        for (replica, status) in futures_util::future::join_all(sent).await {
+            match status {
+                200 => admitted[replica] += 1,
+                429 => {}
+                s => panic!("wave {wave}: unexpected status {s}"),
+            }
+        }
+    }
+    let total = admitted[0] + admitted[1];
+    // The bucket refills at LIMIT a minute while the test runs.
+    let refilled = (start.elapsed().as_secs_f64() * LIMIT as f64 / 60.0).ceil() as u64 + 1;
+    assert!(
+        total <= LIMIT + refilled,
+        "admitted {admitted:?}, refilled {refilled}"
+    );
+    assert!(
+        total >= LIMIT - LIMIT / 16,
+        "admitted {admitted:?}: too much stranded in leases"
+    );
+    assert!(
+        admitted.iter().all(|&n| n >= LIMIT / 4),
+        "both replicas served: {admitted:?}"
+    );
+    // Metrics are per process: both replicas count into the same ones.
+    let checks = calls(&replicas[0]).await - checks_before;
+    let leased = metric(&replicas[0], "osprey_ratelimit_leased_total")
+        .await
+        .unwrap()
+        - leased_before;
+    eprintln!("admitted {admitted:?} of {requests}, {leased} from leases, {checks} Redis checks");
+    assert!(
+        leased >= total as f64 / 2.0,
+        "{leased} of {total} admitted from leases"
+    );
+    assert!(
+        checks < requests as f64 / 4.0,
+        "{checks} Redis checks on the request path for {requests} requests"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revocation_reaches_every_replica_at_once() {
     let Some(redis) = redis_url("a_revocation_reaches_every_replica_at_once") else {
@@ -73,8 +159,12 @@ async fn a_revocation_reaches_every_replica_at_once() {
         created["key"].as_str().unwrap(),
         created["id"].as_str().unwrap(),
     );
-    // B learns of a key created on A from the shared store on its first use.
-    assert_eq!(chat(&b, Some(secret), hello("mock")).await.status(), 200);
+    // B learns of a key created on A from the shared store on its first use; the default
+    // limits are large enough that B's later requests are admitted from leases, without
+    // asking Redis.
+    for _ in 0..20 {
+        assert_eq!(chat(&b, Some(secret), hello("mock")).await.status(), 200);
+    }
     let revoked = admin(
         &a,
         "admin",
@@ -84,7 +174,8 @@ async fn a_revocation_reaches_every_replica_at_once() {
     )
     .await;
     assert_eq!(revoked.status(), 200);
-    // B still has the key cached as active: Redis tells it otherwise on this very request.
+    // B still has the key cached as active, and leased units: the revocation channel, which
+    // B acknowledged before A answered, tells it otherwise on this very request.
     let r = chat(&b, Some(secret), hello("mock")).await;
     assert_eq!(r.status(), 401);
     let e: Value = r.json().await.unwrap();

@@ -2,23 +2,30 @@
 //! or shared across replicas through Redis.
 //!
 //! [`RateLimiter::check`] charges all of a request's buckets or none. With Redis configured it
-//! asks Redis (one script, one round trip); when Redis fails or is slow it falls back to this
-//! process's memory with each limit divided by the number of replicas, logs the switch,
-//! exports it as `osprey_ratelimit_redis_up`, and tries Redis again a second later. A request
-//! is never failed because the limiter's store is down.
+//! asks Redis (one script, one round trip), which also leases this replica units ahead of
+//! demand (`lease.rs`): while the revocation feed (`revocations.rs`) is live, a request whose
+//! buckets all hold leased units is admitted from memory and the lease is topped up in the
+//! background. When Redis fails or is slow the limiter falls back to this process's memory
+//! with each limit divided by the number of replicas, logs the switch, exports it as
+//! `osprey_ratelimit_redis_up`, and tries Redis again a second later. A request is never
+//! failed because the limiter's store is down.
 
 pub mod gcra;
+pub mod lease;
 pub mod local;
 pub mod redis;
+pub mod revocations;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 
 use osprey_core::metrics as names;
 
 pub use gcra::BucketState;
+use lease::Leases;
 use local::LocalLimiter;
-use redis::RedisLimiter;
+use redis::{Checked, RedisLimiter};
+use revocations::RevocationFeed;
 
 /// What a bucket counts (the limiter treats every bucket alike; callers report by unit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +118,11 @@ struct Inner {
     redis_down: AtomicBool,
     /// Redis settlements not yet sent: bucket name → (bucket, summed delta).
     pending: std::sync::Mutex<std::collections::HashMap<String, (Bucket, i64)>>,
+    /// Units Redis has charged to this replica ahead of demand.
+    leases: Leases,
+    /// The revocation feed and the lease sweeper, started on the first check (inside the
+    /// runtime).
+    feed: OnceLock<Arc<RevocationFeed>>,
 }
 
 impl RateLimiter {
@@ -136,6 +148,8 @@ impl RateLimiter {
                 redis_down_until: AtomicI64::new(0),
                 redis_down: AtomicBool::new(false),
                 pending: Default::default(),
+                leases: Leases::new(replicas),
+                feed: OnceLock::new(),
             }),
         }
     }
@@ -161,6 +175,8 @@ impl RateLimiter {
     }
 
     fn redis_failed(&self, e: &::redis::RedisError) {
+        // Limits are local until Redis answers again, and leases start afresh then.
+        self.inner.leases.clear();
         self.inner
             .redis_down_until
             .store(now_us() + 1_000_000, Ordering::Relaxed);
@@ -182,10 +198,28 @@ impl RateLimiter {
     /// is in use.
     pub async fn check(&self, buckets: &[Bucket], key_id: Option<&str>) -> Verdict {
         if let Some(redis) = self.shared() {
-            match redis.check(buckets, key_id).await {
-                Ok(Some(d)) => {
+            let now = now_us();
+            let feed = Some(self.feed(redis)).filter(|f| f.is_live());
+            if let Some(feed) = feed {
+                if key_id.is_some_and(|id| feed.is_revoked(id)) {
+                    return Verdict::Revoked;
+                }
+                if let Some(states) = self.inner.leases.take(buckets, now) {
+                    metrics::counter!(names::RATELIMIT_LEASED).increment(1);
+                    self.top_up(redis, buckets, now);
+                    return Verdict::Checked(Decision::new(true, states, []));
+                }
+            }
+            // Lease only while revocations are followed: a leased request skips Redis's check.
+            let extra = match feed {
+                Some(_) => self.inner.leases.wants(buckets, now),
+                None => vec![0; buckets.len()],
+            };
+            metrics::counter!(names::RATELIMIT_REDIS_CALLS, "call" => "check").increment(1);
+            match redis.check(buckets, &extra, key_id).await {
+                Ok(Some(checked)) => {
                     self.redis_ok();
-                    return Verdict::Checked(d);
+                    return Verdict::Checked(self.lease(buckets, checked, now_us()));
                 }
                 Ok(None) => {
                     self.redis_ok();
@@ -199,6 +233,61 @@ impl RateLimiter {
                 .local
                 .check(buckets, now_us(), self.local_share()),
         )
+    }
+
+    /// The revocation feed, started (with the lease sweeper) on first use.
+    fn feed(&self, redis: &RedisLimiter) -> &Arc<RevocationFeed> {
+        self.inner.feed.get_or_init(|| {
+            tokio::spawn(sweep_idle_leases(Arc::downgrade(&self.inner)));
+            RevocationFeed::follow(redis.clone())
+        })
+    }
+
+    /// Keeps what Redis leased with a check, and reports the buckets with the leases counted
+    /// as remaining.
+    fn lease(&self, buckets: &[Bucket], checked: Checked, now: i64) -> Decision {
+        let Checked {
+            mut decision,
+            leased,
+        } = checked;
+        for ((b, state), units) in buckets.iter().zip(&mut decision.states).zip(leased) {
+            if units > 0 {
+                self.inner.leases.grant(b, units, *state, now);
+            }
+            *state = self.inner.leases.with_leased(b, *state);
+        }
+        decision
+    }
+
+    /// Tops up, in the background, the leases among `buckets` that have run low.
+    fn top_up(&self, redis: &RedisLimiter, buckets: &[Bucket], now: i64) {
+        let claimed = self.inner.leases.claim_top_ups(buckets, now);
+        if claimed.is_empty() {
+            return;
+        }
+        let (this, redis) = (self.clone(), redis.clone());
+        tokio::spawn(async move {
+            let (buckets, wants): (Vec<Bucket>, Vec<u64>) = claimed.iter().cloned().unzip();
+            metrics::counter!(names::RATELIMIT_REDIS_CALLS, "call" => "top_up").increment(1);
+            match redis.check(&buckets, &wants, None).await {
+                Ok(Some(checked)) => {
+                    this.redis_ok();
+                    let now = now_us();
+                    for ((b, state), units) in buckets
+                        .iter()
+                        .zip(&checked.decision.states)
+                        .zip(checked.leased)
+                    {
+                        this.inner.leases.grant(b, units, *state, now);
+                    }
+                }
+                Ok(None) => this.inner.leases.top_up_failed(&claimed),
+                Err(e) => {
+                    this.inner.leases.top_up_failed(&claimed);
+                    this.redis_failed(&e);
+                }
+            }
+        });
     }
 
     /// Corrects earlier charges by `(bucket, delta)`. Locally at once; through Redis the
@@ -238,6 +327,7 @@ impl RateLimiter {
             return;
         }
         if let Some(redis) = self.shared() {
+            metrics::counter!(names::RATELIMIT_REDIS_CALLS, "call" => "settle").increment(1);
             match redis.settle(&corrections).await {
                 Ok(()) => return self.redis_ok(),
                 Err(e) => self.redis_failed(&e),
@@ -246,6 +336,26 @@ impl RateLimiter {
         self.inner
             .local
             .settle(&corrections, now_us(), self.local_share());
+    }
+}
+
+/// Gives leases unused for [`lease::IDLE_US`] back to Redis, until the limiter is dropped.
+async fn sweep_idle_leases(limiter: Weak<Inner>) {
+    let mut tick =
+        tokio::time::interval(std::time::Duration::from_micros(lease::IDLE_US as u64 / 4));
+    loop {
+        tick.tick().await;
+        let Some(inner) = limiter.upgrade() else {
+            return;
+        };
+        let back = inner.leases.reclaim_idle(now_us());
+        if let (false, Some(redis)) = (back.is_empty(), inner.redis.as_ref()) {
+            metrics::counter!(names::RATELIMIT_REDIS_CALLS, "call" => "return").increment(1);
+            // Lost on failure: Redis gets the units back anyway as the buckets refill.
+            if let Err(e) = redis.settle(&back).await {
+                tracing::debug!(error = %e, "could not return idle leases to Redis");
+            }
+        }
     }
 }
 
