@@ -63,3 +63,9 @@ pub const ADMISSION_SHED: &str = "osprey_requests_shed_total";
 pub const IN_FLIGHT: &str = "osprey_requests_in_flight";
 /// Counter: requests forwarded to an upstream, by model and outcome.
 pub const UPSTREAM_REQUESTS: &str = "osprey_upstream_requests_total";
+/// Counter: retries sent to an upstream, by model.
+pub const UPSTREAM_RETRIES: &str = "osprey_upstream_retries_total";
+/// Counter: retries the upstream's retry budget refused, by model.
+pub const UPSTREAM_RETRIES_REFUSED: &str = "osprey_upstream_retries_refused_total";
+/// Gauge: an upstream's circuit breaker, by model: 0 closed, 1 half-open, 2 open.
+pub const UPSTREAM_BREAKER_STATE: &str = "osprey_upstream_breaker_state";
