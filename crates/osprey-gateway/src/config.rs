@@ -86,6 +86,9 @@ pub struct UpstreamConfig {
     pub model: Option<String>,
     /// Seconds to wait for the upstream's response to start.
     pub timeout_secs: Option<f64>,
+    /// Retries of a request the upstream failed before answering (unreachable, 502/503/504),
+    /// within the retry budget; default 2.
+    pub max_retries: Option<u32>,
 }
 
 /// Everything the edge needs besides its backends.

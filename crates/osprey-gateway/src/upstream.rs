@@ -2,9 +2,15 @@
 //! the request body goes through as it came (model renamed if the upstream knows it by another
 //! name), the response comes back byte for byte, streams chunk by chunk, over one pooled HTTP
 //! client. Upstream failures become clear errors in OpenAI's envelope.
+//!
+//! Each upstream has a circuit breaker and a retry budget (`osprey-router`): a request that
+//! finds the upstream unreachable, or gets 502/503/504 before any byte reached the client, is
+//! retried after a jittered backoff while the budget allows (at most 10% of requests plus one a
+//! second); an upstream that keeps failing has its breaker opened and is refused at once with
+//! 503 until a probe succeeds.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -13,6 +19,8 @@ use futures_util::StreamExt;
 use osprey_core::api::Usage;
 use osprey_core::metrics as names;
 use osprey_core::{Error, ErrorKind};
+use osprey_router::breaker::{BreakerConfig, BreakerState, CircuitBreaker, Outcome};
+use osprey_router::retry::{RetryBudget, RetryBudgetConfig, backoff};
 
 use crate::config::UpstreamConfig;
 use crate::edge::UsageReport;
@@ -29,7 +37,20 @@ pub struct Upstream {
     api_key: Option<String>,
     timeout: Duration,
     client: reqwest::Client,
+    max_retries: u32,
+    health: Arc<Health>,
 }
+
+/// What the upstream's recent answers say: its breaker and its retry budget.
+#[derive(Debug)]
+struct Health {
+    breaker: Mutex<CircuitBreaker>,
+    budget: Mutex<RetryBudget>,
+}
+
+/// The first pause between attempts, doubled for each retry (with full jitter).
+const BACKOFF_BASE: Duration = Duration::from_millis(25);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// An HTTP client for upstreams: pooled keep-alive connections, no overall timeout (streams
 /// can run long).
@@ -67,14 +88,23 @@ impl Upstream {
                 config.url
             ));
         }
-        Ok(Self {
+        let now = Instant::now();
+        let health = Health {
+            breaker: Mutex::new(CircuitBreaker::new(BreakerConfig::default(), now)),
+            budget: Mutex::new(RetryBudget::new(RetryBudgetConfig::default(), now)),
+        };
+        let upstream = Self {
             name: name.to_owned(),
             url: config.url.trim_end_matches('/').to_owned(),
             remote_model: config.model.clone().filter(|m| m != name),
             api_key,
             timeout,
             client,
-        })
+            max_retries: config.max_retries.unwrap_or(2),
+            health: Arc::new(health),
+        };
+        upstream.publish_state(BreakerState::Closed);
+        Ok(upstream)
     }
 
     /// Forwards `body` to `{url}/{path}` and relays the answer; the usage the upstream reports
@@ -90,44 +120,33 @@ impl Upstream {
             Some(remote) => rename_model(&body, remote)?,
             None => body,
         };
-        let mut request = self
-            .client
-            .post(format!("{}/{path}", self.url))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body);
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
-        }
-        let response = match tokio::time::timeout(self.timeout, request.send()).await {
-            Err(_) => {
-                self.count("timeout");
-                return Err(Error::new(
-                    ErrorKind::GatewayTimeout,
-                    format!(
-                        "The upstream for `{}` did not answer within {:?}.",
-                        self.name, self.timeout
-                    ),
-                )
-                .with_code("upstream_timeout"));
+        self.health
+            .budget
+            .lock()
+            .expect("budget lock")
+            .on_request(Instant::now());
+        let mut retries = 0;
+        let response = loop {
+            let result = self.attempt(path, &body).await;
+            let retryable = match &result {
+                Ok(r) => matches!(r.status().as_u16(), 502..=504),
+                Err(e) => e.code.as_deref() == Some("upstream_unavailable"),
+            };
+            if retryable && retries < self.max_retries && self.may_retry() {
+                retries += 1;
+                metrics::counter!(names::UPSTREAM_RETRIES, "model" => self.name.clone())
+                    .increment(1);
+                let pause = backoff(retries, BACKOFF_BASE, BACKOFF_MAX, &mut rand::rng());
+                tokio::time::sleep(pause).await;
+                continue;
             }
-            Ok(Err(e)) => {
-                self.count("unreachable");
-                return Err(Error::new(
-                    ErrorKind::BadGateway,
-                    format!("The upstream for `{}` could not be reached: {e}", self.name),
-                )
-                .with_code("upstream_unavailable")
-                .with_retry_after(1));
-            }
-            Ok(Ok(r)) => r,
+            break result?;
         };
         let status = response.status();
         if !status.is_success() {
-            self.count("error");
             let text = response.text().await.unwrap_or_default();
             return Err(upstream_error(&self.name, status, &text));
         }
-        self.count("ok");
         let content_type = response
             .headers()
             .get(header::CONTENT_TYPE)
@@ -157,6 +176,102 @@ impl Upstream {
         let mut out = Response::new(body);
         out.headers_mut().insert(header::CONTENT_TYPE, content_type);
         Ok(out)
+    }
+
+    /// One try: through the breaker, bounded by the timeout; the outcome is recorded.
+    async fn attempt(&self, path: &str, body: &Bytes) -> Result<reqwest::Response, Error> {
+        if !self.breaker(|b, now| b.try_acquire(now)) {
+            self.count("circuit_open");
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "The upstream for `{}` is failing; it is not sent requests until a probe succeeds.",
+                    self.name
+                ),
+            )
+            .with_code("upstream_circuit_open")
+            .with_retry_after(1));
+        }
+        let mut request = self
+            .client
+            .post(format!("{}/{path}", self.url))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let result = match tokio::time::timeout(self.timeout, request.send()).await {
+            Err(_) => {
+                self.count("timeout");
+                Err(Error::new(
+                    ErrorKind::GatewayTimeout,
+                    format!(
+                        "The upstream for `{}` did not answer within {:?}.",
+                        self.name, self.timeout
+                    ),
+                )
+                .with_code("upstream_timeout"))
+            }
+            Ok(Err(e)) => {
+                self.count("unreachable");
+                Err(Error::new(
+                    ErrorKind::BadGateway,
+                    format!("The upstream for `{}` could not be reached: {e}", self.name),
+                )
+                .with_code("upstream_unavailable")
+                .with_retry_after(1))
+            }
+            Ok(Ok(r)) => {
+                self.count(if r.status().is_success() {
+                    "ok"
+                } else {
+                    "error"
+                });
+                Ok(r)
+            }
+        };
+        let failed = match &result {
+            Ok(r) => r.status().is_server_error(),
+            Err(_) => true,
+        };
+        let outcome = if failed {
+            Outcome::Failure
+        } else {
+            Outcome::Success
+        };
+        self.breaker(|b, now| b.record(outcome, now));
+        result
+    }
+
+    /// Runs `f` on the breaker, then exports its state.
+    fn breaker<T>(&self, f: impl FnOnce(&mut CircuitBreaker, Instant) -> T) -> T {
+        let now = Instant::now();
+        let mut breaker = self.health.breaker.lock().expect("breaker lock");
+        let out = f(&mut breaker, now);
+        let state = breaker.state(now);
+        drop(breaker);
+        self.publish_state(state);
+        out
+    }
+
+    fn publish_state(&self, state: BreakerState) {
+        metrics::gauge!(names::UPSTREAM_BREAKER_STATE, "model" => self.name.clone())
+            .set(state.as_gauge());
+    }
+
+    /// Whether the retry budget has a retry left (and takes it).
+    fn may_retry(&self) -> bool {
+        let allowed = self
+            .health
+            .budget
+            .lock()
+            .expect("budget lock")
+            .try_retry(Instant::now());
+        if !allowed {
+            metrics::counter!(names::UPSTREAM_RETRIES_REFUSED, "model" => self.name.clone())
+                .increment(1);
+        }
+        allowed
     }
 
     fn count(&self, outcome: &'static str) {

@@ -67,6 +67,7 @@ pub fn upstreams_from_flags(flags: &[String]) -> anyhow::Result<Vec<(String, Ups
                 api_key_env: None,
                 model: None,
                 timeout_secs: None,
+                max_retries: None,
             };
             Ok((name.to_owned(), config))
         })

@@ -86,6 +86,7 @@ pub async fn gateway(setup: Setup) -> String {
                 api_key_env: None,
                 model: None,
                 timeout_secs: Some(5.0),
+                max_retries: None,
             };
             Upstream::new(name, &config, http_client()).unwrap()
         })

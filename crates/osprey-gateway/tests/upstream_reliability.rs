@@ -1,0 +1,108 @@
+//! Upstream failures: a request the upstream fails before answering is retried within the
+//! retry budget, and an upstream that keeps failing has its circuit breaker opened, so it is
+//! refused at once instead of being hit with every request and every retry. Its own test
+//! binary, so the metrics it reads are its own.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use common::*;
+use serde_json::{Value, json};
+
+/// An upstream that answers 503 to its first `fail_first` requests, then succeeds; returns its
+/// base URL and the count of requests it received.
+async fn flaky_upstream(fail_first: usize) -> (String, Arc<AtomicUsize>) {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    let chat = move || {
+        let counter = counter.clone();
+        async move {
+            if counter.fetch_add(1, Ordering::SeqCst) < fail_first {
+                let e = json!({"error": {"message": "overloaded", "type": "server_error"}});
+                return (StatusCode::SERVICE_UNAVAILABLE, Json(e)).into_response();
+            }
+            Json(json!({
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
+            }))
+            .into_response()
+        }
+    };
+    let app = axum::Router::new().route("/v1/chat/completions", post(chat));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}/v1"), seen)
+}
+
+async fn gateway_for(model: &str, url: String) -> String {
+    let (_, store_url) = store().await;
+    gateway(Setup {
+        store_url,
+        upstreams: vec![(model.into(), url)],
+        ..Setup::default()
+    })
+    .await
+}
+
+async fn error_code(r: reqwest::Response) -> (u16, String) {
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    (
+        status,
+        body["error"]["code"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_before_the_answer_is_retried() {
+    let (url, seen) = flaky_upstream(1).await;
+    let base = gateway_for("flaky", url).await;
+    let r = chat(&base, None, hello("flaky")).await;
+    assert_eq!(r.status(), 200, "the retry succeeded");
+    assert_eq!(seen.load(Ordering::SeqCst), 2, "one failure, one retry");
+    let retries = r#"osprey_upstream_retries_total{model="flaky"}"#;
+    assert_eq!(metric(&base, retries).await, Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_upstream_gets_a_budget_of_retries_then_an_open_breaker() {
+    let (url, seen) = flaky_upstream(usize::MAX).await;
+    let base = gateway_for("down", url).await;
+    let mut outcomes = Vec::new();
+    for _ in 0..30 {
+        outcomes.push(error_code(chat(&base, None, hello("down")).await).await);
+    }
+    // The first requests reach the upstream (502, its failure passed on); once five fail in
+    // a row the breaker opens and the rest are refused here (503) without reaching it.
+    assert_eq!(outcomes[0], (502, "upstream_error".to_owned()));
+    let open = outcomes
+        .iter()
+        .position(|o| o.1 == "upstream_circuit_open")
+        .expect("the breaker opened");
+    assert!(
+        outcomes[open..]
+            .iter()
+            .all(|o| *o == (503, "upstream_circuit_open".to_owned()))
+    );
+    // Without a budget 30 requests with 2 retries each would have been 90 attempts.
+    let attempts = seen.load(Ordering::SeqCst);
+    assert_eq!(
+        attempts, 5,
+        "the breaker's threshold, retries included: {outcomes:?}"
+    );
+    let refused = r#"osprey_upstream_retries_refused_total{model="down"}"#;
+    assert!(
+        metric(&base, refused).await.unwrap_or(0.0) >= 1.0,
+        "the budget ran out"
+    );
+    let state = r#"osprey_upstream_breaker_state{model="down"}"#;
+    assert_eq!(metric(&base, state).await, Some(2.0), "open");
+}
