@@ -63,6 +63,8 @@ pub const ADMISSION_SHED: &str = "osprey_requests_shed_total";
 pub const IN_FLIGHT: &str = "osprey_requests_in_flight";
 /// Counter: requests forwarded to an upstream, by model and outcome.
 pub const UPSTREAM_REQUESTS: &str = "osprey_upstream_requests_total";
+/// Counter: requests a fallback model served after their own failed, by `from` and `to`.
+pub const FALLBACKS: &str = "osprey_fallbacks_total";
 /// Counter: retries sent to an upstream, by model.
 pub const UPSTREAM_RETRIES: &str = "osprey_upstream_retries_total";
 /// Counter: retries the upstream's retry budget refused, by model.

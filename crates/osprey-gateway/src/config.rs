@@ -89,6 +89,9 @@ pub struct UpstreamConfig {
     /// Retries of a request the upstream failed before answering (unreachable, 502/503/504),
     /// within the retry budget; default 2.
     pub max_retries: Option<u32>,
+    /// Upstream models to try, in order, when this one fails, times out or is cut off by its
+    /// circuit breaker before answering.
+    pub fallbacks: Option<Vec<String>>,
 }
 
 /// Everything the edge needs besides its backends.

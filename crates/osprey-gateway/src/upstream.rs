@@ -39,6 +39,8 @@ pub struct Upstream {
     client: reqwest::Client,
     max_retries: u32,
     health: Arc<Health>,
+    /// Models to try, in order, when this one fails before answering.
+    pub fallbacks: Vec<String>,
 }
 
 /// What the upstream's recent answers say: its breaker and its retry budget.
@@ -102,6 +104,7 @@ impl Upstream {
             client,
             max_retries: config.max_retries.unwrap_or(2),
             health: Arc::new(health),
+            fallbacks: config.fallbacks.clone().unwrap_or_default(),
         };
         upstream.publish_state(BreakerState::Closed);
         Ok(upstream)
@@ -175,6 +178,9 @@ impl Upstream {
         };
         let mut out = Response::new(body);
         out.headers_mut().insert(header::CONTENT_TYPE, content_type);
+        if let Ok(name) = HeaderValue::from_str(&self.name) {
+            out.headers_mut().insert(SERVED_BY, name);
+        }
         Ok(out)
     }
 
@@ -280,7 +286,38 @@ impl Upstream {
     }
 }
 
-fn rename_model(body: &Bytes, remote: &str) -> Result<Bytes, Error> {
+/// The header naming the model that served a response.
+pub const SERVED_BY: &str = "x-osprey-model";
+/// The header saying why a request was served by another model than the one it named.
+pub const ROUTE_REASON: &str = "x-osprey-route-reason";
+
+/// Checks that every fallback names another upstream among `upstreams`.
+pub fn check_fallbacks(upstreams: &[Upstream]) -> Result<(), (String, String)> {
+    for u in upstreams {
+        for f in &u.fallbacks {
+            if *f == u.name || !upstreams.iter().any(|o| o.name == *f) {
+                let why = format!(
+                    "model `{}`: fallback `{f}` is not another upstream model served here",
+                    u.name
+                );
+                return Err((u.name.clone(), why));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a failure of an upstream is one another model might not have: it failed, timed out
+/// or was cut off, rather than refusing the request itself.
+pub fn warrants_fallback(e: &Error) -> bool {
+    matches!(
+        e.kind,
+        ErrorKind::BadGateway | ErrorKind::GatewayTimeout | ErrorKind::Unavailable
+    )
+}
+
+/// `body` with its `model` set to `name`.
+pub(crate) fn rename_model(body: &Bytes, remote: &str) -> Result<Bytes, Error> {
     let mut v: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| Error::invalid("body", format!("The request body is not valid JSON: {e}")))?;
     v["model"] = remote.into();

@@ -106,3 +106,71 @@ async fn a_failing_upstream_gets_a_budget_of_retries_then_an_open_breaker() {
     let state = r#"osprey_upstream_breaker_state{model="down"}"#;
     assert_eq!(metric(&base, state).await, Some(2.0), "open");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_model_falls_back_in_order_and_says_so() {
+    use osprey_gateway::auth::Authenticator;
+    use osprey_gateway::config::{EdgeConfig, UpstreamConfig};
+    use osprey_gateway::edge::Edge;
+    use osprey_gateway::limits::RateLimiter;
+    use osprey_gateway::upstream::{Upstream, check_fallbacks, http_client};
+
+    let (down, down_seen) = flaky_upstream(usize::MAX).await;
+    let (up, up_seen) = flaky_upstream(0).await;
+    let model = |url: &str, fallbacks: &[&str]| UpstreamConfig {
+        url: url.to_owned(),
+        api_key_env: None,
+        model: None,
+        timeout_secs: Some(5.0),
+        max_retries: Some(0),
+        fallbacks: Some(fallbacks.iter().map(|f| f.to_string()).collect()),
+    };
+    let upstreams = vec![
+        Upstream::new("large", &model(&down, &["medium", "small"]), http_client()).unwrap(),
+        Upstream::new("medium", &model(&down, &[]), http_client()).unwrap(),
+        Upstream::new("small", &model(&up, &[]), http_client()).unwrap(),
+    ];
+    check_fallbacks(&upstreams).unwrap();
+    let (store, _) = store().await;
+    let auth = Authenticator::new(store).await.unwrap();
+    let edge = Edge::new(EdgeConfig::default(), auth, RateLimiter::local());
+    let base = serve(osprey_gateway::AppState::with_models(None, upstreams, edge)).await;
+
+    let r = chat(&base, None, hello("large")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-osprey-model"], "small");
+    assert_eq!(
+        r.headers()["x-osprey-route-reason"],
+        "fallback from large: upstream_error"
+    );
+    // large and medium each failed once (no retries configured); small answered.
+    assert_eq!(down_seen.load(Ordering::SeqCst), 2);
+    assert_eq!(up_seen.load(Ordering::SeqCst), 1);
+    // A model without fallbacks fails as it is.
+    let (status, code) = error_code(chat(&base, None, hello("medium")).await).await;
+    assert_eq!((status, code.as_str()), (502, "upstream_error"));
+    // A healthy model is served by itself, and says so.
+    let r = chat(&base, None, hello("small")).await;
+    assert_eq!(r.headers()["x-osprey-model"], "small");
+    assert!(r.headers().get("x-osprey-route-reason").is_none());
+}
+
+#[test]
+fn a_fallback_must_be_another_served_model() {
+    use osprey_gateway::config::UpstreamConfig;
+    use osprey_gateway::upstream::{Upstream, check_fallbacks, http_client};
+    let config = |fallbacks: &[&str]| UpstreamConfig {
+        url: "http://127.0.0.1:1/v1".into(),
+        api_key_env: None,
+        model: None,
+        timeout_secs: None,
+        max_retries: None,
+        fallbacks: Some(fallbacks.iter().map(|f| f.to_string()).collect()),
+    };
+    let a = Upstream::new("a", &config(&["nope"]), http_client()).unwrap();
+    let err = check_fallbacks(&[a]).unwrap_err();
+    assert_eq!(err.0, "a");
+    assert!(err.1.contains("fallback `nope`"), "{}", err.1);
+    let a = Upstream::new("a", &config(&["a"]), http_client()).unwrap();
+    assert!(check_fallbacks(&[a]).is_err(), "not itself");
+}

@@ -186,20 +186,32 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
     let args = parse_serve(&argv).map_err(|e| file.explain(e))?;
     let edge = crate::serve::edge_config(&args, &file);
     let client = osprey_gateway::upstream::http_client();
+    let at_model = |name: &str, e: String| {
+        let line = file
+            .text
+            .lines()
+            .position(|l| l.trim() == format!("[models.{name}]"));
+        anyhow::anyhow!(
+            "{}{}: {e}",
+            path.display(),
+            line.map_or(String::new(), |n| format!(" line {}", n + 1))
+        )
+    };
+    let mut upstreams = Vec::new();
     for (name, model) in &file.models {
-        osprey_gateway::upstream::Upstream::new(name, model, client.clone()).map_err(|e| {
-            let line = file
-                .text
-                .lines()
-                .position(|l| l.trim() == format!("[models.{name}]"));
-            anyhow::anyhow!(
-                "{}{}: {e}",
-                path.display(),
-                line.map_or(String::new(), |n| format!(" line {}", n + 1))
-            )
-        })?;
+        upstreams.push(
+            osprey_gateway::upstream::Upstream::new(name, model, client.clone())
+                .map_err(|e| at_model(name, e))?,
+        );
     }
-    crate::serve::upstreams_from_flags(&args.upstream)?;
+    for (name, model) in crate::serve::upstreams_from_flags(&args.upstream)? {
+        upstreams.push(
+            osprey_gateway::upstream::Upstream::new(&name, &model, client.clone())
+                .map_err(anyhow::Error::msg)?,
+        );
+    }
+    osprey_gateway::upstream::check_fallbacks(&upstreams)
+        .map_err(|(name, why)| at_model(&name, why))?;
     println!(
         "{}: ok ({} tenants, {} upstream models, store {}, limits {})",
         path.display(),
@@ -257,6 +269,10 @@ mod tests {
             ("[tenants.acme]\nrpm = 60\nrmp = 5\n", "line 3"),
             ("port = \n", "line 1"),
             ("[models.x]\nurl = \"ftp://nope\"\n", "line 1"),
+            (
+                "port = 80\n[models.x]\nurl = \"http://a/v1\"\nfallbacks = [\"y\"]\n",
+                "line 2",
+            ),
         ];
         for (text, want) in cases {
             let e = check(&file(text)).unwrap_err().to_string();

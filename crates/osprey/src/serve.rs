@@ -68,6 +68,7 @@ pub fn upstreams_from_flags(flags: &[String]) -> anyhow::Result<Vec<(String, Ups
                 model: None,
                 timeout_secs: None,
                 max_retries: None,
+                fallbacks: None,
             };
             Ok((name.to_owned(), config))
         })
@@ -133,6 +134,8 @@ async fn serve(
     {
         upstreams.push(Upstream::new(&name, &config, client.clone()).map_err(anyhow::Error::msg)?);
     }
+    osprey_gateway::upstream::check_fallbacks(&upstreams)
+        .map_err(|(_, why)| anyhow::anyhow!(why))?;
     let store_url = store_url(&args.store)?;
     let store = Store::open(&store_url)
         .await

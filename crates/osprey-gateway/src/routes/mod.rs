@@ -13,6 +13,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Extension, State};
+use axum::http::HeaderValue;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -22,6 +23,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use crate::edge::{Admitted, Caller, EdgeLayer, UsageReport};
 use crate::error::{ApiError, not_found, panic_response};
 use crate::state::{AppState, Backend};
+use crate::upstream::{self, ROUTE_REASON, Upstream, warrants_fallback};
 
 /// Identifies this build in responses' `system_fingerprint`.
 pub const FINGERPRINT: &str = concat!("osprey-", env!("CARGO_PKG_VERSION"));
@@ -94,12 +96,59 @@ async fn generate<R: osprey_core::api::ApiRequest>(
     if let Some(model) = model
         && let Ok(Backend::Upstream(upstream)) = state.backend(&model)
     {
-        return Ok(upstream.forward(path, body, usage).await?);
+        return Ok(forward(&state, &caller, upstream, path, body, usage).await?);
     }
     // Anything else is parsed in full first, so a malformed body is reported as such even
     // when it also names an unknown model.
     let request: R = osprey_core::api::parse_request(&body)?;
     local(state, request, caller, usage).await
+}
+
+/// Forwards to `upstream`, and on a failure before the answer to its fallbacks in order (those
+/// the tenant may use); a response from a fallback says so in `x-osprey-route-reason`.
+async fn forward(
+    state: &AppState,
+    caller: &Caller,
+    upstream: Arc<Upstream>,
+    path: &str,
+    body: Bytes,
+    usage: Arc<UsageReport>,
+) -> Result<Response, osprey_core::Error> {
+    let error = match upstream.forward(path, body.clone(), usage.clone()).await {
+        Ok(response) => return Ok(response),
+        Err(e) if warrants_fallback(&e) => e,
+        Err(e) => return Err(e),
+    };
+    let allowed = |m: &str| {
+        caller
+            .tenant
+            .models
+            .as_ref()
+            .is_none_or(|ms| ms.iter().any(|a| a == m))
+    };
+    for name in upstream.fallbacks.iter().filter(|m| allowed(m)) {
+        let Ok(Backend::Upstream(fallback)) = state.backend(name) else {
+            continue;
+        };
+        let renamed = upstream::rename_model(&body, name)?;
+        match fallback.forward(path, renamed, usage.clone()).await {
+            Ok(mut response) => {
+                metrics::counter!(osprey_core::metrics::FALLBACKS, "from" => upstream.name.clone(), "to" => name.clone()).increment(1);
+                let reason = format!(
+                    "fallback from {}: {}",
+                    upstream.name,
+                    error.code.as_deref().unwrap_or("failed")
+                );
+                if let Ok(v) = HeaderValue::from_str(&reason) {
+                    response.headers_mut().insert(ROUTE_REASON, v);
+                }
+                return Ok(response);
+            }
+            Err(e) if warrants_fallback(&e) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(error)
 }
 
 async fn chat_completions(

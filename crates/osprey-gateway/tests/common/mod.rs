@@ -87,6 +87,7 @@ pub async fn gateway(setup: Setup) -> String {
                 model: None,
                 timeout_secs: Some(5.0),
                 max_retries: None,
+                fallbacks: None,
             };
             Upstream::new(name, &config, http_client()).unwrap()
         })
