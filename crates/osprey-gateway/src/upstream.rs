@@ -291,13 +291,18 @@ pub const SERVED_BY: &str = "x-osprey-model";
 /// The header saying why a request was served by another model than the one it named.
 pub const ROUTE_REASON: &str = "x-osprey-route-reason";
 
-/// Checks that every fallback names another upstream among `upstreams`.
-pub fn check_fallbacks(upstreams: &[Upstream]) -> Result<(), (String, String)> {
+/// Checks that every fallback names another model served here: an upstream among
+/// `upstreams`, or the `local` engine's model.
+pub fn check_fallbacks(
+    upstreams: &[Upstream],
+    local: Option<&str>,
+) -> Result<(), (String, String)> {
     for u in upstreams {
         for f in &u.fallbacks {
-            if *f == u.name || !upstreams.iter().any(|o| o.name == *f) {
+            let served = local == Some(f.as_str()) || upstreams.iter().any(|o| o.name == *f);
+            if *f == u.name || !served {
                 let why = format!(
-                    "model `{}`: fallback `{f}` is not another upstream model served here",
+                    "model `{}`: fallback `{f}` is not another model served here",
                     u.name
                 );
                 return Err((u.name.clone(), why));

@@ -54,6 +54,58 @@ async fn post_stream(base: &str, path: &str, body: Value) -> Vec<String> {
         .collect()
 }
 
+/// A large tier served upstream that is down, falling back to the local engine's small model:
+/// the request is answered by the engine, and the response says so.
+#[tokio::test]
+async fn a_failing_upstream_falls_back_to_the_local_engine() {
+    use osprey_gateway::config::UpstreamConfig;
+    use osprey_gateway::edge::Edge;
+    use osprey_gateway::upstream::{Upstream, check_fallbacks, http_client};
+    // A port nothing listens on: bound, then dropped.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let config = UpstreamConfig {
+        url: format!("http://{dead}/v1"),
+        api_key_env: None,
+        model: None,
+        timeout_secs: Some(5.0),
+        max_retries: Some(0),
+        fallbacks: Some(vec![MODEL.to_owned()]),
+    };
+    let upstreams = vec![Upstream::new("large", &config, http_client()).unwrap()];
+    check_fallbacks(&upstreams, Some(MODEL)).unwrap();
+    let state = AppState::with_models(Some(MODEL.into()), upstreams, Edge::open());
+    state.set_engine(osprey_testkit::shared_engine());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let config = HttpConfig {
+        max_body_bytes: 1 << 20,
+    };
+    tokio::spawn(async move {
+        osprey_gateway::serve(listener, state, &config, std::future::pending()).await
+    });
+    let body =
+        json!({"model": "large", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3});
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-osprey-model"], MODEL);
+    assert_eq!(
+        r.headers()["x-osprey-route-reason"],
+        "fallback from large: upstream_unavailable"
+    );
+    let answer: Value = r.json().await.unwrap();
+    assert_eq!(answer["model"], MODEL, "{answer}");
+    let generated = answer["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!((1..=3).contains(&generated), "{answer}");
+}
+
 fn assert_envelope(status: u16, body: &Value, want_status: u16, want_param: Option<&str>) {
     assert_eq!(status, want_status, "{body}");
     let e = &body["error"];
@@ -277,6 +329,18 @@ async fn models_health_ready_and_metrics() {
         .await
         .unwrap();
     assert_eq!(one.status(), 200);
+    let chat = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 200);
+    assert_eq!(
+        chat.headers()["x-osprey-model"],
+        MODEL,
+        "the model that served it"
+    );
     let (status, _) = post(
         &base,
         "/v1/completions",

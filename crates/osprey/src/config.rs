@@ -210,7 +210,8 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)?,
         );
     }
-    osprey_gateway::upstream::check_fallbacks(&upstreams)
+    let local = crate::serve::local_model_name(&args);
+    osprey_gateway::upstream::check_fallbacks(&upstreams, local.as_deref())
         .map_err(|(name, why)| at_model(&name, why))?;
     println!(
         "{}: ok ({} tenants, {} upstream models, store {}, limits {})",
@@ -259,6 +260,15 @@ mod tests {
         assert!(args.no_prefix_caching);
         assert_eq!(args.upstream, ["a=http://127.0.0.1:1/v1"]);
         assert_eq!(file.tenants["acme"].rpm, Some(60));
+    }
+
+    #[test]
+    fn a_fallback_may_be_the_local_model() {
+        let name = osprey_models::DEFAULT_MODEL.served_name;
+        let text = format!("[models.big]\nurl = \"http://a/v1\"\nfallbacks = [\"{name}\"]\n");
+        check(&file(&text)).unwrap();
+        let e = check(&file(&format!("no_engine = true\n{text}"))).unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
     }
 
     #[test]

@@ -17,18 +17,11 @@ use crate::cli::ServeArgs;
 use crate::config::ConfigFile;
 
 pub fn run(args: ServeArgs, file: ConfigFile) -> anyhow::Result<()> {
-    let local = match (&args.model, args.no_engine) {
-        (_, true) => None,
-        (Some(p), false) => Some((p.clone(), model_name_from_path(p))),
-        (None, false) => Some((
-            crate::models::fetch_default()?,
-            DEFAULT_MODEL.served_name.to_owned(),
-        )),
+    let local = match (&args.model, local_model_name(&args)) {
+        (_, None) => None,
+        (Some(p), Some(name)) => Some((p.clone(), name)),
+        (None, Some(name)) => Some((crate::models::fetch_default()?, name)),
     };
-    let local = local.map(|(path, default_name)| {
-        let name = args.served_model_name.clone().unwrap_or(default_name);
-        (path, name)
-    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -118,6 +111,18 @@ fn model_name_from_path(path: &std::path::Path) -> String {
         .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
 }
 
+/// The name the local engine's model is served under, or `None` with `--no-engine`.
+pub fn local_model_name(args: &ServeArgs) -> Option<String> {
+    if args.no_engine {
+        return None;
+    }
+    let default = match &args.model {
+        Some(p) => model_name_from_path(p),
+        None => DEFAULT_MODEL.served_name.to_owned(),
+    };
+    Some(args.served_model_name.clone().unwrap_or(default))
+}
+
 async fn serve(
     args: ServeArgs,
     file: ConfigFile,
@@ -134,7 +139,8 @@ async fn serve(
     {
         upstreams.push(Upstream::new(&name, &config, client.clone()).map_err(anyhow::Error::msg)?);
     }
-    osprey_gateway::upstream::check_fallbacks(&upstreams)
+    let local_name = local.as_ref().map(|(_, name)| name.as_str());
+    osprey_gateway::upstream::check_fallbacks(&upstreams, local_name)
         .map_err(|(_, why)| anyhow::anyhow!(why))?;
     let store_url = store_url(&args.store)?;
     let store = Store::open(&store_url)

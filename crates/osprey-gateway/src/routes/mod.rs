@@ -23,7 +23,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use crate::edge::{Admitted, Caller, EdgeLayer, UsageReport};
 use crate::error::{ApiError, not_found, panic_response};
 use crate::state::{AppState, Backend};
-use crate::upstream::{self, ROUTE_REASON, Upstream, warrants_fallback};
+use crate::upstream::{self, ROUTE_REASON, SERVED_BY, Upstream, warrants_fallback};
 
 /// Identifies this build in responses' `system_fingerprint`.
 pub const FINGERPRINT: &str = concat!("osprey-", env!("CARGO_PKG_VERSION"));
@@ -79,8 +79,8 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .layer(CatchPanicLayer::custom(panic_response))
 }
 
-/// Sends a generation request where its model is served: through an upstream as it is, or
-/// parsed for the local engine.
+/// Sends a generation request where its model is served: through an upstream as it is (or
+/// to its fallbacks), or parsed for the local engine.
 async fn generate<R: osprey_core::api::ApiRequest>(
     state: AppState,
     admitted: Option<Extension<Admitted>>,
@@ -93,15 +93,41 @@ async fn generate<R: osprey_core::api::ApiRequest>(
         model,
         usage,
     } = admitted.map_or_else(|| state.edge().unguarded(), |a| a.0);
+    let mut body = body;
+    let mut reason = None;
     if let Some(model) = model
         && let Ok(Backend::Upstream(upstream)) = state.backend(&model)
     {
-        return Ok(forward(&state, &caller, upstream, path, body, usage).await?);
+        match forward(&state, &caller, upstream, path, &body, &usage).await? {
+            Forwarded::Answered(response) => return Ok(response),
+            Forwarded::ToLocal { name, why } => {
+                body = upstream::rename_model(&body, &name)?;
+                reason = Some(why);
+            }
+        }
     }
     // Anything else is parsed in full first, so a malformed body is reported as such even
     // when it also names an unknown model.
     let request: R = osprey_core::api::parse_request(&body)?;
-    local(state, request, caller, usage).await
+    let served_by = state
+        .model_name()
+        .and_then(|m| HeaderValue::from_str(m).ok());
+    let mut response = local(state, request, caller, usage).await?;
+    if let Some(name) = served_by {
+        response.headers_mut().insert(SERVED_BY, name);
+    }
+    if let Some(why) = reason.and_then(|r| HeaderValue::from_str(&r).ok()) {
+        response.headers_mut().insert(ROUTE_REASON, why);
+    }
+    Ok(response)
+}
+
+/// Where a request sent to an upstream ended up.
+enum Forwarded {
+    /// Answered by the upstream or one of its upstream fallbacks.
+    Answered(Response),
+    /// To be served by the local engine's model `name`, a fallback, for the reason `why`.
+    ToLocal { name: String, why: String },
 }
 
 /// Forwards to `upstream`, and on a failure before the answer to its fallbacks in order (those
@@ -111,38 +137,44 @@ async fn forward(
     caller: &Caller,
     upstream: Arc<Upstream>,
     path: &str,
-    body: Bytes,
-    usage: Arc<UsageReport>,
-) -> Result<Response, osprey_core::Error> {
+    body: &Bytes,
+    usage: &Arc<UsageReport>,
+) -> Result<Forwarded, osprey_core::Error> {
     let error = match upstream.forward(path, body.clone(), usage.clone()).await {
-        Ok(response) => return Ok(response),
+        Ok(response) => return Ok(Forwarded::Answered(response)),
         Err(e) if warrants_fallback(&e) => e,
         Err(e) => return Err(e),
     };
-    let allowed = |m: &str| {
-        caller
-            .tenant
-            .models
-            .as_ref()
-            .is_none_or(|ms| ms.iter().any(|a| a == m))
-    };
+    let why = format!(
+        "fallback from {}: {}",
+        upstream.name,
+        error.code.as_deref().unwrap_or("failed")
+    );
+    let allowed =
+        |m: &str| (caller.tenant.models.as_ref()).is_none_or(|ms| ms.iter().any(|a| a == m));
     for name in upstream.fallbacks.iter().filter(|m| allowed(m)) {
-        let Ok(Backend::Upstream(fallback)) = state.backend(name) else {
-            continue;
+        let counted = || {
+            metrics::counter!(osprey_core::metrics::FALLBACKS, "from" => upstream.name.clone(), "to" => name.clone())
+                .increment(1);
         };
-        let renamed = upstream::rename_model(&body, name)?;
+        let fallback = match state.backend(name) {
+            Ok(Backend::Upstream(fallback)) => fallback,
+            Ok(Backend::Local(_)) => {
+                counted();
+                let name = name.clone();
+                return Ok(Forwarded::ToLocal { name, why });
+            }
+            // Not serving (the local engine still loading): the next one.
+            Err(_) => continue,
+        };
+        let renamed = upstream::rename_model(body, name)?;
         match fallback.forward(path, renamed, usage.clone()).await {
             Ok(mut response) => {
-                metrics::counter!(osprey_core::metrics::FALLBACKS, "from" => upstream.name.clone(), "to" => name.clone()).increment(1);
-                let reason = format!(
-                    "fallback from {}: {}",
-                    upstream.name,
-                    error.code.as_deref().unwrap_or("failed")
-                );
-                if let Ok(v) = HeaderValue::from_str(&reason) {
+                counted();
+                if let Ok(v) = HeaderValue::from_str(&why) {
                     response.headers_mut().insert(ROUTE_REASON, v);
                 }
-                return Ok(response);
+                return Ok(Forwarded::Answered(response));
             }
             Err(e) if warrants_fallback(&e) => continue,
             Err(e) => return Err(e),
