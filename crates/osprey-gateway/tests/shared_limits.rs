@@ -6,31 +6,35 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
+use osprey_gateway::config::TenantConfig;
 use osprey_store::NewKey;
 use reqwest::Method;
 use serde_json::Value;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_share_one_limit() {
-    let Some(redis) = redis_url("two_replicas_share_one_limit") else {
-        return;
-    };
+/// Two replicas sharing `redis`, serving a mock upstream to a new tenant with `limits`; returns
+/// their base URLs and a key of the tenant.
+async fn two_replicas(redis: String, limits: TenantConfig) -> ([String; 2], String) {
     let (store, store_url) = store().await;
     let t = unique("shared");
     let setup = Setup {
         store_url,
         redis: Some(redis),
         replicas: 2,
-        tenants: BTreeMap::from([(t.clone(), tenant(20, 1_000_000))]),
+        tenants: BTreeMap::from([(t.clone(), limits)]),
         upstreams: vec![("mock".into(), upstream().await)],
         ..Setup::default()
     };
     let replicas = [gateway(setup.clone()).await, gateway(setup).await];
-    let key = store
-        .create_key(NewKey::for_tenant(&t))
-        .await
-        .unwrap()
-        .secret;
+    let key = store.create_key(NewKey::for_tenant(&t)).await.unwrap();
+    (replicas, key.secret)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_one_limit() {
+    let Some(redis) = redis_url("two_replicas_share_one_limit") else {
+        return;
+    };
+    let (replicas, key) = two_replicas(redis, tenant(20, 1_000_000)).await;
     let mut admitted = [0; 2];
     for i in 0..40 {
         let r = chat(&replicas[i % 2], Some(&key), hello("mock")).await;
@@ -58,22 +62,7 @@ async fn leased_limits_still_hold_across_replicas() {
         return;
     };
     const LIMIT: u64 = 1600;
-    let (store, store_url) = store().await;
-    let t = unique("leased");
-    let setup = Setup {
-        store_url,
-        redis: Some(redis),
-        replicas: 2,
-        tenants: BTreeMap::from([(t.clone(), tenant(LIMIT, 1_000_000_000))]),
-        upstreams: vec![("mock".into(), upstream().await)],
-        ..Setup::default()
-    };
-    let replicas = [gateway(setup.clone()).await, gateway(setup).await];
-    let key = store
-        .create_key(NewKey::for_tenant(&t))
-        .await
-        .unwrap()
-        .secret;
+    let (replicas, key) = two_replicas(redis, tenant(LIMIT, 1_000_000_000)).await;
     let calls = |base| async move {
         let check = r#"osprey_ratelimit_redis_calls_total{call="check"}"#;
         metric(base, check).await.unwrap_or(0.0)

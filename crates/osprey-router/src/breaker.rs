@@ -215,6 +215,18 @@ mod tests {
         passed
     }
 
+    /// `n` requests, succeeding and failing by turns (never two failures in a row).
+    fn alternate(b: &mut CircuitBreaker, n: usize, now: Instant) {
+        for i in 0..n {
+            let outcome = if i % 2 == 0 {
+                Outcome::Success
+            } else {
+                Outcome::Failure
+            };
+            assert!(run(b, outcome, now));
+        }
+    }
+
     #[test]
     fn opens_on_failures_in_a_row_then_half_opens_and_closes() {
         let t0 = Instant::now();
@@ -263,14 +275,7 @@ mod tests {
         let t0 = Instant::now();
         let mut b = CircuitBreaker::new(config(), t0);
         // Alternating: never three failures in a row, but half of them fail.
-        for i in 0..9 {
-            let outcome = if i % 2 == 0 {
-                Outcome::Success
-            } else {
-                Outcome::Failure
-            };
-            assert!(run(&mut b, outcome, t0));
-        }
+        alternate(&mut b, 9, t0);
         assert_eq!(
             b.state(t0),
             BreakerState::Closed,
@@ -284,14 +289,7 @@ mod tests {
     fn the_window_forgets_old_outcomes() {
         let t0 = Instant::now();
         let mut b = CircuitBreaker::new(config(), t0);
-        for i in 0..9 {
-            let outcome = if i % 2 == 0 {
-                Outcome::Success
-            } else {
-                Outcome::Failure
-            };
-            run(&mut b, outcome, t0);
-        }
+        alternate(&mut b, 9, t0);
         let later = t0 + Duration::from_secs(11);
         for _ in 0..9 {
             run(&mut b, Outcome::Success, later);
