@@ -10,6 +10,11 @@ const MODEL: &str = "smollm2-135m-instruct";
 async fn server() -> String {
     let state = AppState::new(MODEL);
     state.set_engine(osprey_testkit::shared_engine());
+    serve(state).await
+}
+
+/// Serves `state` on a free local port (1 MiB body limit); returns its base URL.
+async fn serve(state: AppState) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let config = HttpConfig {
@@ -78,14 +83,7 @@ async fn a_failing_upstream_falls_back_to_the_local_engine() {
     check_fallbacks(&upstreams, Some(MODEL)).unwrap();
     let state = AppState::with_models(Some(MODEL.into()), upstreams, Edge::open());
     state.set_engine(osprey_testkit::shared_engine());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let config = HttpConfig {
-        max_body_bytes: 1 << 20,
-    };
-    tokio::spawn(async move {
-        osprey_gateway::serve(listener, state, &config, std::future::pending()).await
-    });
+    let base = serve(state).await;
     let body =
         json!({"model": "large", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3});
     let r = reqwest::Client::new()
@@ -372,18 +370,7 @@ async fn models_health_ready_and_metrics() {
 #[tokio::test]
 async fn requests_wait_with_503_until_the_model_is_loaded() {
     let state = AppState::new(MODEL);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let serving = state.clone();
-    tokio::spawn(async move {
-        osprey_gateway::serve(
-            listener,
-            serving,
-            &HttpConfig::default(),
-            std::future::pending(),
-        )
-        .await
-    });
+    let base = serve(state.clone()).await;
     let ready = reqwest::get(format!("{base}/ready")).await.unwrap();
     assert_eq!(ready.status(), 503);
     let (status, body) = post(

@@ -77,16 +77,8 @@ async fn limits_are_per_tenant_with_headers_on_200_and_429() {
         ..Setup::default()
     };
     let base = gateway(setup).await;
-    let ka = store
-        .create_key(NewKey::for_tenant(&a))
-        .await
-        .unwrap()
-        .secret;
-    let kb = store
-        .create_key(NewKey::for_tenant(&b))
-        .await
-        .unwrap()
-        .secret;
+    let ka = new_key(&store, &a).await;
+    let kb = new_key(&store, &b).await;
     for i in 0..5 {
         let r = chat(&base, Some(&ka), hello("mock")).await;
         assert_eq!(r.status(), 200);
@@ -120,11 +112,7 @@ async fn tokens_are_charged_up_front_and_corrected_to_usage() {
         ..Setup::default()
     };
     let base = gateway(setup).await;
-    let key = store
-        .create_key(NewKey::for_tenant(&t))
-        .await
-        .unwrap()
-        .secret;
+    let key = new_key(&store, &t).await;
     let mut body = hello("mock");
     body["max_tokens"] = json!(1500);
     let r = chat(&base, Some(&key), body.clone()).await;
@@ -173,11 +161,7 @@ async fn tenants_are_shaped_models_allowed_and_max_tokens_clamped() {
         ..Setup::default()
     };
     let base = gateway(setup).await;
-    let key = store
-        .create_key(NewKey::for_tenant(&t))
-        .await
-        .unwrap()
-        .secret;
+    let key = new_key(&store, &t).await;
     let mut body = hello("mock");
     body["max_tokens"] = json!(500);
     let r: Value = chat(&base, Some(&key), body).await.json().await.unwrap();

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
-use osprey_store::NewKey;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_redis_falls_back_to_local_shares_and_recovers() {
@@ -28,11 +27,7 @@ async fn losing_redis_falls_back_to_local_shares_and_recovers() {
         ..Setup::default()
     };
     let base = gateway(setup).await;
-    let key = store
-        .create_key(NewKey::for_tenant(&t))
-        .await
-        .unwrap()
-        .secret;
+    let key = new_key(&store, &t).await;
     let limit_seen = |r: &reqwest::Response| header_num(r, "x-ratelimit-limit-requests");
 
     for _ in 0..5 {

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 
 use common::*;
 use osprey_gateway::config::TenantConfig;
-use osprey_store::NewKey;
 use reqwest::Method;
 use serde_json::Value;
 
@@ -25,8 +24,7 @@ async fn two_replicas(redis: String, limits: TenantConfig) -> ([String; 2], Stri
         ..Setup::default()
     };
     let replicas = [gateway(setup.clone()).await, gateway(setup).await];
-    let key = store.create_key(NewKey::for_tenant(&t)).await.unwrap();
-    (replicas, key.secret)
+    (replicas, new_key(&store, &t).await)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

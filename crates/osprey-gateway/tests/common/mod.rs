@@ -19,7 +19,7 @@ use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::upstream::{Upstream, http_client};
 use osprey_gateway::{AppState, HttpConfig};
-use osprey_store::Store;
+use osprey_store::{NewKey, Store};
 use serde_json::{Value, json};
 
 /// Chunks the test upstream streams.
@@ -47,6 +47,12 @@ pub async fn store() -> (Store, String) {
     std::fs::create_dir_all(&dir).unwrap();
     let url = Store::default_url(&dir);
     (Store::open(&url).await.unwrap(), url)
+}
+
+/// A new key of `tenant`, its secret.
+pub async fn new_key(store: &Store, tenant: &str) -> String {
+    let key = store.create_key(NewKey::for_tenant(tenant)).await.unwrap();
+    key.secret
 }
 
 /// How to build a gateway.
