@@ -46,7 +46,8 @@ pub struct Upstream {
 /// What the upstream's recent answers say: its breaker and its retry budget.
 #[derive(Debug)]
 struct Health {
-    breaker: Mutex<CircuitBreaker>,
+    /// The breaker, and the state last exported as a metric.
+    breaker: Mutex<(CircuitBreaker, BreakerState)>,
     budget: Mutex<RetryBudget>,
 }
 
@@ -92,7 +93,10 @@ impl Upstream {
         }
         let now = Instant::now();
         let health = Health {
-            breaker: Mutex::new(CircuitBreaker::new(BreakerConfig::default(), now)),
+            breaker: Mutex::new((
+                CircuitBreaker::new(BreakerConfig::default(), now),
+                BreakerState::Closed,
+            )),
             budget: Mutex::new(RetryBudget::new(RetryBudgetConfig::default(), now)),
         };
         let upstream = Self {
@@ -249,14 +253,18 @@ impl Upstream {
         result
     }
 
-    /// Runs `f` on the breaker, then exports its state.
+    /// Runs `f` on the breaker, and exports its state when it differs from the one last
+    /// exported.
     fn breaker<T>(&self, f: impl FnOnce(&mut CircuitBreaker, Instant) -> T) -> T {
         let now = Instant::now();
-        let mut breaker = self.health.breaker.lock().expect("breaker lock");
-        let out = f(&mut breaker, now);
+        let mut guard = self.health.breaker.lock().expect("breaker lock");
+        let (breaker, published) = &mut *guard;
+        let out = f(breaker, now);
         let state = breaker.state(now);
-        drop(breaker);
-        self.publish_state(state);
+        if state != *published {
+            *published = state;
+            self.publish_state(state);
+        }
         out
     }
 
