@@ -71,3 +71,12 @@ pub const UPSTREAM_RETRIES: &str = "osprey_upstream_retries_total";
 pub const UPSTREAM_RETRIES_REFUSED: &str = "osprey_upstream_retries_refused_total";
 /// Gauge: an upstream's circuit breaker, by model: 0 closed, 1 half-open, 2 open.
 pub const UPSTREAM_BREAKER_STATE: &str = "osprey_upstream_breaker_state";
+/// Gauge: whether a pool's worker takes requests (1) or is ejected (0), by worker.
+pub const WORKER_LIVE: &str = "osprey_worker_live";
+/// Counter: requests sent to a worker, by worker and routing policy.
+pub const WORKER_REQUESTS: &str = "osprey_worker_requests_total";
+/// Counter: prompt blocks of requests routed to workers, and of those the blocks the chosen
+/// worker was known to hold (`cached="true"`).
+pub const WORKER_PROMPT_BLOCKS: &str = "osprey_worker_prompt_blocks_total";
+/// Counter: requests retried on another worker after theirs failed, by the failed worker.
+pub const WORKER_FAILOVERS: &str = "osprey_worker_failovers_total";

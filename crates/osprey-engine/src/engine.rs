@@ -8,8 +8,10 @@ use std::sync::mpsc;
 use osprey_core::{Error, ErrorKind};
 use osprey_models::{GgufFile, KvCache, LlamaModel, ModelError};
 
-use crate::chat_template::{ChatTemplate, TemplateMessage};
+use crate::chat_template::TemplateMessage;
 use crate::engine_loop::{Command, EngineLoop, LoopSetup};
+use crate::kv_events::KvEventLog;
+use crate::prompter::Prompter;
 use crate::request::{EventReceiver, GenerateRequest, ValidRequest};
 use crate::scheduler::SchedulerConfig;
 use crate::tokenizer::Tokenizer;
@@ -133,8 +135,8 @@ impl EngineStats {
 struct Shared {
     commands: mpsc::Sender<Command>,
     stats: Arc<EngineStats>,
-    tokenizer: Tokenizer,
-    template: ChatTemplate,
+    prompter: Prompter,
+    kv_events: Arc<KvEventLog>,
     info: ModelInfo,
     max_waiting: usize,
 }
@@ -149,24 +151,9 @@ impl Engine {
     /// Loads the GGUF model at `path` and starts the engine thread.
     pub fn load(path: &Path, config: EngineConfig) -> Result<Self, ModelError> {
         let gguf = GgufFile::open(path)?;
-        let (model, tokenizer) =
-            rayon::join(|| LlamaModel::load(&gguf), || Tokenizer::from_gguf(&gguf));
-        let (model, tokenizer) = (model?, tokenizer?);
-        let token_text = |id: Option<u32>| {
-            id.and_then(|i| tokenizer.id_to_token(i))
-                .unwrap_or_default()
-        };
-        let source = gguf.str("tokenizer.chat_template").ok();
-        let template = ChatTemplate::new(
-            source,
-            token_text(tokenizer.bos()),
-            token_text(tokenizer.eos()),
-        )
-        .or_else(|e| {
-            tracing::warn!(error = %e, "the model's chat template does not compile; using ChatML");
-            ChatTemplate::new(None, String::new(), String::new())
-        })
-        .map_err(ModelError::Tokenizer)?;
+        let (model, prompter) =
+            rayon::join(|| LlamaModel::load(&gguf), || Prompter::from_gguf(&gguf));
+        let (model, prompter) = (model?, prompter?);
         let mc = model.config().clone();
         let max_model_len = config
             .max_model_len
@@ -195,7 +182,9 @@ impl Engine {
         stats.free_blocks.store(blocks, Ordering::Relaxed);
         stats.total_blocks.store(blocks, Ordering::Relaxed);
         let kv = KvCache::new(&mc, blocks);
-        let end_tokens = tokenizer.end_of_generation().to_vec();
+        let end_tokens = prompter.tokenizer().end_of_generation().to_vec();
+        let kv_events = Arc::new(KvEventLog::default());
+        let loop_events = kv_events.clone();
         let loop_stats = stats.clone();
         let scheduler = config.scheduler.clone();
         let prefix_caching = config.prefix_caching;
@@ -211,6 +200,7 @@ impl Engine {
                     end_tokens,
                     max_model_len,
                     stats: loop_stats,
+                    kv_events: loop_events,
                 };
                 EngineLoop::new(setup).run(rx)
             })
@@ -227,8 +217,8 @@ impl Engine {
             shared: Arc::new(Shared {
                 commands: tx,
                 stats,
-                tokenizer,
-                template,
+                prompter,
+                kv_events,
                 info,
                 max_waiting: config.max_waiting,
             }),
@@ -237,7 +227,17 @@ impl Engine {
 
     /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.shared.tokenizer
+        self.shared.prompter.tokenizer()
+    }
+
+    /// The model's tokenizer and chat template.
+    pub fn prompter(&self) -> &Prompter {
+        &self.shared.prompter
+    }
+
+    /// The prefix cache's contents and changes, for routers (see [`KvEventLog`]).
+    pub fn kv_events(&self) -> &KvEventLog {
+        &self.shared.kv_events
     }
 
     /// Live counters.
@@ -252,7 +252,7 @@ impl Engine {
 
     /// Renders a conversation with the model's chat template, ready for the assistant's turn.
     pub fn render_chat(&self, messages: &[TemplateMessage]) -> Result<String, Error> {
-        self.shared.template.render(messages, true)
+        self.shared.prompter.render_chat(messages)
     }
 
     /// Checks a request against the model and caps `max_tokens` to the context window.

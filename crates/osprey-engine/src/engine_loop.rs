@@ -12,6 +12,7 @@ use rayon::prelude::*;
 
 use crate::engine::EngineStats;
 use crate::kv::{BlockTable, KvCacheCounters, KvCacheManager, SharedKvCacheManager};
+use crate::kv_events::KvEventLog;
 use crate::request::{EventSender, SeqEvent, ValidRequest};
 use crate::sampler::{Sampled, Sampler, TokenLogprob, log_sum_exp, top_n};
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -33,6 +34,7 @@ pub struct LoopSetup {
     pub end_tokens: Vec<u32>,
     pub max_model_len: usize,
     pub stats: Arc<EngineStats>,
+    pub kv_events: Arc<KvEventLog>,
 }
 
 /// State owned by the engine thread.
@@ -47,6 +49,7 @@ pub struct EngineLoop {
     max_model_len: usize,
     next_id: u64,
     stats: Arc<EngineStats>,
+    kv_events: Arc<KvEventLog>,
     /// Counters already exported to metrics (they are exported as deltas).
     exported: (KvCacheCounters, u64),
 }
@@ -66,6 +69,7 @@ impl EngineLoop {
             max_model_len: s.max_model_len,
             next_id: 0,
             stats: s.stats,
+            kv_events: s.kv_events,
             exported: Default::default(),
         }
     }
@@ -239,10 +243,12 @@ impl EngineLoop {
 
     fn publish_stats(&mut self) {
         let (running, waiting) = (self.scheduler.running().len(), self.scheduler.num_waiting());
-        let kv = self.kv_manager.borrow();
+        let mut kv = self.kv_manager.borrow_mut();
         let (free, total) = (kv.num_free_blocks(), kv.num_total_blocks());
         let counters = kv.counters();
+        let changes = kv.take_changes();
         drop(kv);
+        self.kv_events.publish(changes);
         let preemptions = self.scheduler.preemptions();
         let s = &self.stats;
         s.running.store(running, Ordering::Relaxed);

@@ -21,8 +21,9 @@
 //! ```
 //!
 //! Text concerns live here too: the [`tokenizer::Tokenizer`] and [`chat_template::ChatTemplate`]
-//! built from the model file, and the streaming [`detokenizer`] that never emits half a UTF-8
-//! character or part of a stop string ([`output::Generation`]).
+//! built from the model file (together a [`Prompter`], which loads without the weights), and the streaming [`detokenizer`] that never emits half a UTF-8
+//! character or part of a stop string ([`output::Generation`]). The prefix cache's contents are
+//! published as [`kv_events`], for routers that send each request where its prefix is cached.
 #![deny(missing_docs)]
 
 pub mod chat_template;
@@ -30,7 +31,9 @@ pub mod detokenizer;
 pub mod engine;
 mod engine_loop;
 pub mod kv;
+pub mod kv_events;
 pub mod output;
+pub mod prompter;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
@@ -39,7 +42,9 @@ pub mod tokenizer;
 
 pub use chat_template::{ChatTemplate, TemplateMessage};
 pub use engine::{Engine, EngineConfig, EngineStats, ModelInfo, default_kv_cache_bytes};
+pub use kv_events::{KvEventBatch, KvEventLog, KvSnapshot};
 pub use output::{Delta, Generation};
+pub use prompter::Prompter;
 pub use request::{GenerateRequest, SeqEvent, ValidRequest};
 pub use sampler::{Sampled, TokenLogprob};
 pub use scheduler::{SchedulerConfig, SchedulingPolicy};

@@ -5,6 +5,8 @@
 //!   ([`config`]), [`admission`] control, and [`limits`] (GCRA rate limits, in memory or shared
 //!   through Redis), with OpenAI's `x-ratelimit-*` headers on the way out;
 //! - [`upstream`]: models served by another OpenAI-compatible server, streamed through;
+//! - [`workers`]: a model served by a pool of `osprey worker`s, each request sent where its
+//!   prompt is cached (the workers' side of that protocol is [`routes::worker_router`]);
 //! - [`routes`]: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
 //!   `/health`, `/ready`, `/metrics`; streaming with server-sent events;
 //! - [`error`]: the only place an [`osprey_core::Error`] becomes an HTTP status, always in
@@ -35,8 +37,9 @@ pub mod metrics;
 pub mod routes;
 pub mod state;
 pub mod upstream;
+pub mod workers;
 
-pub use routes::{HttpConfig, router};
+pub use routes::{HttpConfig, router, worker_router};
 pub use state::AppState;
 
 /// Serves the API on `listener` until `shutdown` completes, then finishes in-flight requests.
@@ -46,8 +49,18 @@ pub async fn serve(
     config: &HttpConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_router(listener, router(state, config), shutdown).await
+}
+
+/// Serves `app` (from [`router`] or [`worker_router`]) on `listener` until `shutdown`
+/// completes, then finishes in-flight requests.
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     metrics::prometheus();
-    axum::serve(listener, router(state, config))
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
 }

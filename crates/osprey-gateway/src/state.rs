@@ -10,6 +10,7 @@ use osprey_engine::Engine;
 
 use crate::edge::Edge;
 use crate::upstream::Upstream;
+use crate::workers::WorkerPool;
 
 /// Shared, cheaply cloned handler state.
 #[derive(Clone)]
@@ -20,6 +21,7 @@ pub struct AppState {
 struct Inner {
     local: Option<LocalModel>,
     upstreams: BTreeMap<String, Arc<Upstream>>,
+    pool: Option<Arc<WorkerPool>>,
     edge: Arc<Edge>,
     created: u64,
 }
@@ -36,6 +38,8 @@ pub enum Backend {
     Local(Engine),
     /// An OpenAI-compatible server elsewhere.
     Upstream(Arc<Upstream>),
+    /// `osprey worker`s.
+    Pool(Arc<WorkerPool>),
 }
 
 impl AppState {
@@ -59,10 +63,26 @@ impl AppState {
                     .into_iter()
                     .map(|u| (u.name.clone(), Arc::new(u)))
                     .collect(),
+                pool: None,
                 edge: Arc::new(edge),
                 created: unix_now(),
             }),
         }
+    }
+
+    /// The same state, serving `pool`'s model from its workers (instead of a local engine).
+    ///
+    /// # Panics
+    /// If the state has been cloned already.
+    pub fn with_pool(mut self, pool: Arc<WorkerPool>) -> Self {
+        let inner = Arc::get_mut(&mut self.inner).expect("with_pool before the state is shared");
+        inner.pool = Some(pool);
+        self
+    }
+
+    /// The worker pool, if the model is served by workers.
+    pub fn pool(&self) -> Option<&Arc<WorkerPool>> {
+        self.inner.pool.as_ref()
     }
 
     /// Marks the model loaded: requests are served from now on.
@@ -113,6 +133,9 @@ impl AppState {
     pub fn backend(&self, model: &str) -> Result<Backend, Error> {
         if let Some(u) = self.inner.upstreams.get(model) {
             return Ok(Backend::Upstream(u.clone()));
+        }
+        if let Some(pool) = self.inner.pool.as_ref().filter(|p| p.name() == model) {
+            return Ok(Backend::Pool(pool.clone()));
         }
         self.engine_for(model).map(Backend::Local)
     }

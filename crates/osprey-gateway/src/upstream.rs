@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use futures_util::StreamExt;
 use osprey_core::api::Usage;
@@ -41,6 +41,9 @@ pub struct Upstream {
     health: Arc<Health>,
     /// Models to try, in order, when this one fails before answering.
     pub fallbacks: Vec<String>,
+    /// Whether a 4xx answer goes to the client as it is (an Osprey worker's errors are already
+    /// ours) rather than wrapped as the upstream's.
+    relays_client_errors: bool,
 }
 
 /// What the upstream's recent answers say: its breaker and its retry budget.
@@ -109,9 +112,16 @@ impl Upstream {
             max_retries: config.max_retries.unwrap_or(2),
             health: Arc::new(health),
             fallbacks: config.fallbacks.clone().unwrap_or_default(),
+            relays_client_errors: false,
         };
         upstream.publish_state(BreakerState::Closed);
         Ok(upstream)
+    }
+
+    /// The same upstream, passing its 4xx answers to the client unchanged (for Osprey workers).
+    pub fn relaying_client_errors(mut self) -> Self {
+        self.relays_client_errors = true;
+        self
     }
 
     /// Forwards `body` to `{url}/{path}` and relays the answer; the usage the upstream reports
@@ -122,6 +132,18 @@ impl Upstream {
         path: &str,
         body: Bytes,
         usage: Arc<UsageReport>,
+    ) -> Result<Response, Error> {
+        self.forward_with(path, body, usage, HeaderMap::new()).await
+    }
+
+    /// [`Self::forward`], sending `headers` too. A stream the upstream cuts off ends with an
+    /// error event (`upstream_disconnected`) rather than a broken connection.
+    pub async fn forward_with(
+        &self,
+        path: &str,
+        body: Bytes,
+        usage: Arc<UsageReport>,
+        headers: HeaderMap,
     ) -> Result<Response, Error> {
         let body = match &self.remote_model {
             Some(remote) => rename_model(&body, remote)?,
@@ -134,7 +156,7 @@ impl Upstream {
             .on_request(Instant::now());
         let mut retries = 0;
         let response = loop {
-            let result = self.attempt(path, &body).await;
+            let result = self.attempt(path, &body, &headers).await;
             let retryable = match &result {
                 Ok(r) => matches!(r.status().as_u16(), 502..=504),
                 Err(e) => e.code.as_deref() == Some("upstream_unavailable"),
@@ -150,6 +172,13 @@ impl Upstream {
             break result?;
         };
         let status = response.status();
+        if self.relays_client_errors && status.is_client_error() {
+            let mut out = Response::new(Body::from_stream(response.bytes_stream()));
+            *out.status_mut() = status;
+            let json = HeaderValue::from_static("application/json");
+            out.headers_mut().insert(header::CONTENT_TYPE, json);
+            return Ok(out);
+        }
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
             return Err(upstream_error(&self.name, status, &text));
@@ -162,12 +191,27 @@ impl Upstream {
         let streaming = content_type.as_bytes().starts_with(b"text/event-stream");
         let body = if streaming {
             let mut meter = StreamMeter::new(usage);
-            Body::from_stream(response.bytes_stream().map(move |chunk| {
-                if let Ok(bytes) = &chunk {
-                    meter.feed(bytes);
+            let name = self.name.clone();
+            let chunks = response.bytes_stream().map(move |chunk| match chunk {
+                Ok(bytes) => {
+                    meter.feed(&bytes);
+                    Ok(bytes)
                 }
-                chunk
-            }))
+                Err(e) => Err(disconnected_event(&name, &e)),
+            });
+            // After the error event, nothing more.
+            let chunks = chunks.scan(false, |ended, chunk| {
+                let out = match (*ended, chunk) {
+                    (true, _) => None,
+                    (false, Ok(bytes)) => Some(Ok::<_, std::convert::Infallible>(bytes)),
+                    (false, Err(event)) => {
+                        *ended = true;
+                        Some(Ok(event))
+                    }
+                };
+                std::future::ready(out)
+            });
+            Body::from_stream(chunks)
         } else {
             let bytes = response.bytes().await.map_err(|e| {
                 Error::new(
@@ -189,7 +233,12 @@ impl Upstream {
     }
 
     /// One try: through the breaker, bounded by the timeout; the outcome is recorded.
-    async fn attempt(&self, path: &str, body: &Bytes) -> Result<reqwest::Response, Error> {
+    async fn attempt(
+        &self,
+        path: &str,
+        body: &Bytes,
+        headers: &HeaderMap,
+    ) -> Result<reqwest::Response, Error> {
         if !self.breaker(|b, now| b.try_acquire(now)) {
             self.count("circuit_open");
             return Err(Error::new(
@@ -206,6 +255,7 @@ impl Upstream {
             .client
             .post(format!("{}/{path}", self.url))
             .header(header::CONTENT_TYPE, "application/json")
+            .headers(headers.clone())
             .body(body.clone());
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
@@ -362,6 +412,20 @@ fn upstream_error(model: &str, status: StatusCode, body: &str) -> Error {
         e = e.with_code("upstream_error");
     }
     e
+}
+
+/// The SSE event that ends a stream the upstream broke off, in OpenAI's error shape.
+fn disconnected_event(model: &str, e: &reqwest::Error) -> Bytes {
+    metrics::counter!(names::UPSTREAM_REQUESTS, "model" => model.to_owned(), "outcome" => "disconnected")
+        .increment(1);
+    let error = Error::new(
+        ErrorKind::BadGateway,
+        format!("The upstream for `{model}` broke off the stream: {e}"),
+    )
+    .with_code("upstream_disconnected");
+    let envelope = serde_json::to_string(&crate::error::error_body(&error))
+        .expect("an error envelope serialises");
+    format!("data: {envelope}\n\n").into()
 }
 
 #[derive(serde::Deserialize)]

@@ -20,6 +20,8 @@ pub struct Cli {
 pub enum Command {
     /// Serve a model through the OpenAI-compatible API.
     Serve(Box<ServeArgs>),
+    /// Run only an engine, for a gateway's worker pool (`osprey serve --worker URL`).
+    Worker(Box<WorkerArgs>),
     /// Fetch or list models.
     #[command(subcommand)]
     Models(ModelsCommand),
@@ -71,6 +73,19 @@ pub struct ServeArgs {
     /// Run no local engine: serve only upstream models.
     #[arg(long, env = "OSPREY_NO_ENGINE")]
     pub no_engine: bool,
+    /// Serve the model from these `osprey worker`s (base URLs, without `/v1`) instead of an
+    /// engine in this process; repeatable.
+    #[arg(
+        long = "worker",
+        env = "OSPREY_WORKER",
+        value_delimiter = ',',
+        value_name = "URL"
+    )]
+    pub worker: Vec<String>,
+    /// How a request picks among workers: `cache_aware` (where most of its prompt is cached,
+    /// weighed against load), `least_loaded` or `round_robin`.
+    #[arg(long, env = "OSPREY_ROUTING_POLICY", default_value = "cache_aware", value_parser = ["cache_aware", "least_loaded", "round_robin"])]
+    pub routing_policy: String,
     /// Where keys and state live (default: sqlite://$OSPREY_HOME/osprey.db).
     #[arg(long, env = "OSPREY_STORE")]
     pub store: Option<String>,
@@ -108,6 +123,16 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long, env = "OSPREY_PORT", default_value_t = 8080)]
     pub port: u16,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Largest request body accepted, e.g. `4MiB`.
+    #[arg(long, env = "OSPREY_MAX_BODY_BYTES", default_value = "4MiB", value_parser = parse_bytes)]
+    pub max_body_bytes: usize,
+}
+
+/// The engine's options, shared by `osprey serve` and `osprey worker`.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
     /// A Llama-family GGUF file to serve (default: SmolLM2-135M-Instruct, fetched on first use).
     #[arg(long, env = "OSPREY_MODEL")]
     pub model: Option<PathBuf>,
@@ -145,9 +170,23 @@ pub struct ServeArgs {
     /// Compute threads (default: one per core).
     #[arg(long, env = "OSPREY_THREADS", default_value_t = 0)]
     pub threads: usize,
+}
+
+/// `osprey worker`: only an engine, serving the OpenAI routes and the worker protocol
+/// (`/worker/load`, `/worker/events`) to a gateway started with `--worker`.
+#[derive(Args, Debug, Clone)]
+pub struct WorkerArgs {
+    /// Address to listen on.
+    #[arg(long, env = "OSPREY_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, env = "OSPREY_PORT", default_value_t = 8081)]
+    pub port: u16,
     /// Largest request body accepted, e.g. `4MiB`.
     #[arg(long, env = "OSPREY_MAX_BODY_BYTES", default_value = "4MiB", value_parser = parse_bytes)]
     pub max_body_bytes: usize,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 /// Parses `1GiB`, `512MiB`, `64KiB`, `1.5GB` or a plain byte count.

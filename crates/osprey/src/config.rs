@@ -256,8 +256,8 @@ mod tests {
             .serve_args(&argv, matches.subcommand_matches("serve").unwrap())
             .unwrap();
         assert_eq!(args.port, 9002, "the command line beats the file");
-        assert_eq!(args.max_num_seqs, 4);
-        assert!(args.no_prefix_caching);
+        assert_eq!(args.engine.max_num_seqs, 4);
+        assert!(args.engine.no_prefix_caching);
         assert_eq!(args.upstream, ["a=http://127.0.0.1:1/v1"]);
         assert_eq!(file.tenants["acme"].rpm, Some(60));
     }

@@ -1,4 +1,5 @@
-//! `osprey`: serve a model through an OpenAI-compatible API, fetch models, benchmark.
+//! `osprey`: serve a model through an OpenAI-compatible API (alone, or as a gateway in front of
+//! `osprey worker`s), fetch models, benchmark.
 
 mod bench;
 mod cli;
@@ -6,6 +7,7 @@ mod config;
 mod keys;
 mod models;
 mod serve;
+mod worker;
 
 use clap::{CommandFactory, FromArgMatches};
 
@@ -38,6 +40,7 @@ fn run() -> anyhow::Result<()> {
             };
             serve::run(args, file)
         }
+        cli::Command::Worker(args) => worker::run(*args),
         cli::Command::Models(cmd) => models::run(cmd),
         cli::Command::Bench(cmd) => bench::run(cmd),
         cli::Command::Keys(args) => keys::run(args),

@@ -1,26 +1,28 @@
 //! `osprey serve`: load the model in the background, answer HTTP at once.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
-use osprey_engine::{Engine, EngineConfig, SchedulerConfig, SchedulingPolicy};
+use osprey_engine::{Engine, EngineConfig, Prompter, SchedulerConfig, SchedulingPolicy};
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{AdmissionConfig, DefaultLimits, EdgeConfig, UpstreamConfig};
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::upstream::Upstream;
+use osprey_gateway::workers::WorkerPool;
 use osprey_gateway::{AppState, HttpConfig};
 use osprey_models::DEFAULT_MODEL;
+use osprey_router::select::Policy;
 use osprey_store::Store;
 
-use crate::cli::ServeArgs;
+use crate::cli::{EngineArgs, ServeArgs};
 use crate::config::ConfigFile;
 
 pub fn run(args: ServeArgs, file: ConfigFile) -> anyhow::Result<()> {
-    let local = match (&args.model, local_model_name(&args)) {
-        (_, None) => None,
-        (Some(p), Some(name)) => Some((p.clone(), name)),
-        (None, Some(name)) => Some((crate::models::fetch_default()?, name)),
+    let local = match local_model_name(&args) {
+        Some(name) => Some((model_path(&args.engine)?, name)),
+        None => None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -82,7 +84,7 @@ pub fn store_url(flag: &Option<String>) -> anyhow::Result<String> {
 }
 
 /// The engine's configuration from the command line.
-pub fn engine_config(args: &ServeArgs) -> EngineConfig {
+pub fn engine_config(args: &EngineArgs) -> EngineConfig {
     EngineConfig {
         scheduler: SchedulerConfig {
             max_num_batched_tokens: args.max_num_batched_tokens,
@@ -113,14 +115,24 @@ fn model_name_from_path(path: &std::path::Path) -> String {
 
 /// The name the local engine's model is served under, or `None` with `--no-engine`.
 pub fn local_model_name(args: &ServeArgs) -> Option<String> {
-    if args.no_engine {
-        return None;
-    }
+    (!args.no_engine).then(|| served_name(&args.engine))
+}
+
+/// The name the model of `args` is served under.
+pub fn served_name(args: &EngineArgs) -> String {
     let default = match &args.model {
         Some(p) => model_name_from_path(p),
         None => DEFAULT_MODEL.served_name.to_owned(),
     };
-    Some(args.served_model_name.clone().unwrap_or(default))
+    args.served_model_name.clone().unwrap_or(default)
+}
+
+/// The model file of `args`: `--model`, or the default model, fetched if needed.
+pub fn model_path(args: &EngineArgs) -> anyhow::Result<PathBuf> {
+    match &args.model {
+        Some(p) => Ok(p.clone()),
+        None => crate::models::fetch_default(),
+    }
 }
 
 async fn serve(
@@ -155,28 +167,38 @@ async fn serve(
         None => RateLimiter::local(),
     };
     let edge = Edge::new(edge_config(&args, &file), auth.clone(), limiter);
-    let state = AppState::with_models(local.as_ref().map(|(_, n)| n.clone()), upstreams, edge);
+    let (state, local) = match (args.worker.is_empty(), local) {
+        (true, local) => {
+            let name = local.as_ref().map(|(_, n)| n.clone());
+            (AppState::with_models(name, upstreams, edge), local)
+        }
+        (false, None) => anyhow::bail!("--worker serves the model from workers: drop --no-engine"),
+        (false, Some((path, name))) => {
+            let policy = Policy::parse(&args.routing_policy).context("--routing-policy")?;
+            let prompter = Prompter::load(&path)
+                .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
+            let pool = WorkerPool::new(&name, &args.worker, policy, prompter, client.clone())
+                .map_err(anyhow::Error::msg)?;
+            let pool = Arc::new(pool);
+            pool.follow(client.clone());
+            tracing::info!(workers = ?args.worker, policy = policy.as_str(), "serving {name} from workers");
+            (
+                AppState::with_models(None, upstreams, edge).with_pool(pool),
+                None,
+            )
+        }
+    };
 
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    if let Some((path, name)) = local {
-        let config = engine_config(&args);
-        let loading = state.clone();
-        tokio::task::spawn_blocking(move || match Engine::load(&path, config) {
-            Ok(engine) => {
-                tracing::info!(model = %name, max_model_len = engine.info().max_model_len, "ready");
-                loading.set_engine(engine);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, path = %path.display(), "the model failed to load");
-                loading.set_load_error(e.to_string());
-            }
-        });
+    if let Some((path, _)) = local {
+        load_in_background(&state, path, engine_config(&args.engine));
     }
     let models: Vec<String> = state
         .model_name()
+        .or(state.pool().map(|p| p.name()))
         .map(str::to_owned)
         .into_iter()
         .chain(state.upstreams().map(|u| format!("{} → {}", u.name, u.url)))
@@ -194,7 +216,25 @@ async fn serve(
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Loads the model at `path` on a blocking thread; `state` serves it once loaded (or says
+/// why it failed).
+pub fn load_in_background(state: &AppState, path: PathBuf, config: EngineConfig) {
+    let loading = state.clone();
+    tokio::task::spawn_blocking(move || match Engine::load(&path, config) {
+        Ok(engine) => {
+            let name = loading.model_name().unwrap_or_default();
+            tracing::info!(model = %name, max_model_len = engine.info().max_model_len, "ready");
+            loading.set_engine(engine);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, path = %path.display(), "the model failed to load");
+            loading.set_load_error(e.to_string());
+        }
+    });
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

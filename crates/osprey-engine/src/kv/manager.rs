@@ -7,6 +7,8 @@ use std::rc::Rc;
 use osprey_models::BLOCK_SIZE;
 
 use super::block_allocator::BlockAllocator;
+#[cfg(test)]
+use super::prefix_cache::prefix_hashes;
 use super::prefix_cache::{BlockHash, PrefixCache, block_hash, root_hash};
 
 /// Counters of the KV cache, for metrics.
@@ -28,6 +30,25 @@ pub struct KvCacheManager {
     cache: PrefixCache,
     prefix_caching: bool,
     counters: KvCacheCounters,
+    /// Changes to the prefix cache since they were last taken.
+    changes: KvChanges,
+}
+
+/// Blocks that entered and left the prefix cache: what a router needs to know which prompts a
+/// worker holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvChanges {
+    /// Hashes of blocks newly cached.
+    pub stored: Vec<BlockHash>,
+    /// Hashes of cached blocks reused for other content.
+    pub evicted: Vec<BlockHash>,
+}
+
+impl KvChanges {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.stored.is_empty() && self.evicted.is_empty()
+    }
 }
 
 /// A shared handle to the manager.
@@ -41,6 +62,7 @@ impl KvCacheManager {
             cache: PrefixCache::default(),
             prefix_caching,
             counters: KvCacheCounters::default(),
+            changes: KvChanges::default(),
         }))
     }
 
@@ -64,6 +86,11 @@ impl KvCacheManager {
         self.counters
     }
 
+    /// Takes the prefix-cache changes since the last call.
+    pub fn take_changes(&mut self) -> KvChanges {
+        std::mem::take(&mut self.changes)
+    }
+
     /// The allocator, for invariant checks.
     pub fn allocator(&self) -> &BlockAllocator {
         &self.allocator
@@ -83,8 +110,9 @@ impl KvCacheManager {
             .map(|_| self.allocator.allocate().expect("counted"))
             .collect();
         for &b in &blocks {
-            if self.cache.remove_block(b) {
+            if let Some(hash) = self.cache.remove_block(b) {
                 self.counters.evicted_blocks += 1;
+                self.changes.evicted.push(hash);
             }
         }
         Some(blocks)
@@ -192,9 +220,9 @@ impl BlockTable {
             let parent = self.hashes.last().copied().unwrap_or(self.root);
             let chunk = &tokens[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
             let hash = block_hash(parent, chunk);
-            if caching {
-                // Another sequence may hold the same content already: then this copy stays private.
-                m.cache.insert(hash, self.blocks[i], chunk);
+            // Another sequence may hold the same content already: then this copy stays private.
+            if caching && m.cache.insert(hash, self.blocks[i], chunk) {
+                m.changes.stored.push(hash);
             }
             self.hashes.push(hash);
         }
@@ -277,6 +305,36 @@ mod tests {
         assert_eq!(m.borrow().num_cached_blocks(), 1);
         assert_eq!(m.borrow().counters().evicted_blocks, 3);
         assert!(!b.reserve(80), "only one block left");
+    }
+
+    #[test]
+    fn changes_name_the_blocks_stored_and_evicted_as_a_router_would_hash_them() {
+        let m = KvCacheManager::new(4, true);
+        let prompt = tokens(65, 5);
+        let hashes = prefix_hashes("t", &prompt);
+        assert_eq!(
+            hashes.len(),
+            4,
+            "the blocks a request with this prompt looks up"
+        );
+        let mut a = BlockTable::new(m.clone(), "t");
+        assert!(a.reserve(64));
+        a.commit(&prompt, 64);
+        drop(a);
+        let stored = m.borrow_mut().take_changes();
+        assert_eq!(stored.stored, hashes);
+        assert!(stored.evicted.is_empty());
+        assert!(m.borrow_mut().take_changes().is_empty(), "taken once");
+        let mut b = BlockTable::new(m.clone(), "");
+        assert!(b.reserve(32));
+        let mut evicted = m.borrow_mut().take_changes().evicted;
+        evicted.sort_unstable();
+        let mut last_two = hashes[2..].to_vec();
+        last_two.sort_unstable();
+        assert_eq!(
+            evicted, last_two,
+            "a sequence's last blocks are evicted first"
+        );
     }
 
     #[test]

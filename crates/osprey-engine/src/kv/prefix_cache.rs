@@ -29,6 +29,22 @@ pub fn block_hash(parent: BlockHash, tokens: &[u32]) -> BlockHash {
     digest(&[&parent.to_le_bytes(), &bytes])
 }
 
+/// The hashes of the cached blocks a request for `tokens` (salted with `salt`) can reuse: its
+/// full blocks, always leaving the last token to compute. A router hashes a prompt this way to
+/// find the worker holding most of it.
+pub fn prefix_hashes(salt: &str, tokens: &[u32]) -> Vec<BlockHash> {
+    let max_blocks = tokens.len().saturating_sub(1) / BLOCK_SIZE;
+    let mut parent = root_hash(salt);
+    tokens
+        .chunks_exact(BLOCK_SIZE)
+        .take(max_blocks)
+        .map(|chunk| {
+            parent = block_hash(parent, chunk);
+            parent
+        })
+        .collect()
+}
+
 fn digest(parts: &[&[u8]]) -> BlockHash {
     let mut h = Sha256::new();
     for p in parts {
@@ -66,15 +82,11 @@ impl PrefixCache {
         true
     }
 
-    /// Forgets whatever `block` held (it is being reused). Returns whether it held anything.
-    pub fn remove_block(&mut self, block: u32) -> bool {
-        match self.by_block.remove(&block) {
-            Some((hash, _)) => {
-                self.by_hash.remove(&hash);
-                true
-            }
-            None => false,
-        }
+    /// Forgets whatever `block` held (it is being reused). Returns the hash it held, if any.
+    pub fn remove_block(&mut self, block: u32) -> Option<BlockHash> {
+        let (hash, _) = self.by_block.remove(&block)?;
+        self.by_hash.remove(&hash);
+        Some(hash)
     }
 
     /// Whether `block` holds a cached prefix.
@@ -131,7 +143,7 @@ mod tests {
             None,
             "a colliding hash with other tokens is a miss"
         );
-        assert!(c.remove_block(7));
+        assert_eq!(c.remove_block(7), Some(h));
         assert_eq!(c.get(h, &t), None);
     }
 }

@@ -10,9 +10,9 @@ use osprey_core::api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChatDelta, ChatLogprobs, Usage,
 };
-use osprey_engine::{Engine, GenerateRequest, TemplateMessage};
+use osprey_engine::{Engine, GenerateRequest, Prompter, TemplateMessage};
 
-use super::{async_stream, done_event, json_event, new_id, stream_response};
+use super::{Routed, async_stream, done_event, json_event, new_id, stream_response};
 use crate::edge::{Caller, UsageReport};
 use crate::error::ApiError;
 use crate::generation::{Deltas, RequestTimer, chat_logprob, merge, start_choices};
@@ -26,22 +26,9 @@ pub async fn chat_completions(
     usage: Arc<UsageReport>,
 ) -> Result<Response, ApiError> {
     let engine = state.engine_for(&req.model)?;
-    req.validate_messages()?;
+    let prompt = req.prompt_tokens(engine.prompter())?;
     let params = req.sampling_params()?;
     let n = req.sampling.choices()?;
-    let messages = req
-        .messages
-        .iter()
-        .map(|m| {
-            Ok(TemplateMessage {
-                role: m.role.clone(),
-                content: m.text()?,
-            })
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
-    let prompt = engine
-        .tokenizer()
-        .encode(&engine.render_chat(&messages)?, true);
     let priority = caller.priority_of(&req.osprey);
     let request = GenerateRequest {
         priority,
@@ -70,6 +57,29 @@ pub async fn chat_completions(
         )))
     } else {
         Ok(axum::Json(ctx.collect(deltas, n).await?).into_response())
+    }
+}
+
+impl Routed for ChatCompletionRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, Error> {
+        self.validate_messages()?;
+        self.sampling_params()?;
+        self.sampling.choices()?;
+        let messages = self
+            .messages
+            .iter()
+            .map(|m| {
+                Ok(TemplateMessage {
+                    role: m.role.clone(),
+                    content: m.text()?,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        prompter.chat_tokens(&messages)
     }
 }
 

@@ -9,9 +9,9 @@ use osprey_core::api::{
     Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Prompt, Usage,
 };
 use osprey_core::{Error, FinishReason};
-use osprey_engine::{Delta, Engine, GenerateRequest};
+use osprey_engine::{Delta, Engine, GenerateRequest, Prompter};
 
-use super::{async_stream, done_event, json_event, new_id, stream_response};
+use super::{Routed, async_stream, done_event, json_event, new_id, stream_response};
 use crate::edge::{Caller, UsageReport};
 use crate::error::ApiError;
 use crate::generation::{CompletionLogprobsBuilder, Deltas, RequestTimer, merge, start_choices};
@@ -21,6 +21,22 @@ use crate::state::{AppState, unix_now};
 struct PromptInfo {
     ids: Vec<u32>,
     text: String,
+}
+
+impl Routed for CompletionRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, Error> {
+        self.sampling_params()?;
+        self.sampling.choices()?;
+        Ok(match self.prompts()?.into_iter().next() {
+            Some(Prompt::Text(text)) => prompter.tokenizer().encode(&text, true),
+            Some(Prompt::Tokens(ids)) => ids,
+            None => Vec::new(),
+        })
+    }
 }
 
 /// Text completion on the local engine, streamed or not.

@@ -14,8 +14,27 @@ pub async fn health() -> impl IntoResponse {
     )
 }
 
-/// Readiness: 200 once the local model is loaded (at once without one), 503 before.
+/// Readiness: 200 once the local model is loaded, or one of its workers is live (at once
+/// without either), 503 before.
 pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
+    if let Some(pool) = state.pool() {
+        let workers = pool.workers();
+        let live = workers.iter().filter(|(_, live)| *live).count();
+        let status = if live > 0 {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        let workers: Vec<_> = (workers.iter())
+            .map(|(url, live)| serde_json::json!({"url": url, "live": live}))
+            .collect();
+        let body = serde_json::json!({
+            "status": if live > 0 { "ready" } else { "no_live_worker" },
+            "model": pool.name(),
+            "workers": workers,
+        });
+        return (status, axum::Json(body));
+    }
     if state.model_name().is_none() {
         let upstreams: Vec<&str> = state.upstreams().map(|u| u.name.as_str()).collect();
         return (

@@ -5,6 +5,7 @@ mod chat;
 mod completions;
 mod health;
 mod models;
+mod worker;
 
 use std::convert::Infallible;
 
@@ -24,6 +25,7 @@ use crate::edge::{Admitted, Caller, EdgeLayer, UsageReport};
 use crate::error::{ApiError, not_found, panic_response};
 use crate::state::{AppState, Backend};
 use crate::upstream::{self, ROUTE_REASON, SERVED_BY, Upstream, warrants_fallback};
+use osprey_engine::Prompter;
 
 /// Identifies this build in responses' `system_fingerprint`.
 pub const FINGERPRINT: &str = concat!("osprey-", env!("CARGO_PKG_VERSION"));
@@ -64,10 +66,22 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             state.clone(),
             crate::edge::authenticate,
         ));
-    Router::new()
+    let routes = Router::new()
         .merge(generation)
         .merge(listing)
-        .merge(admin::router(state.clone()))
+        .merge(admin::router(state.clone()));
+    finish(routes, state, config)
+}
+
+/// The routes of `osprey worker`: generation without the edge (the gateway in front did that),
+/// the worker protocol (`/worker/load`, `/worker/events`), health, readiness and metrics.
+pub fn worker_router(state: AppState, config: &HttpConfig) -> Router {
+    finish(worker::routes(), state, config)
+}
+
+/// `routes` plus health, readiness, metrics and the layers every server has.
+fn finish(routes: Router<AppState>, state: AppState, config: &HttpConfig) -> Router {
+    routes
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
         .route("/metrics", get(health::metrics))
@@ -79,9 +93,18 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .layer(CatchPanicLayer::custom(panic_response))
 }
 
+/// A generation request, as the router sees it.
+pub trait Routed: osprey_core::api::ApiRequest {
+    /// The model it names.
+    fn model(&self) -> &str;
+    /// The token ids of its (first) prompt, as the engine will see them; errors for a request
+    /// the engine would refuse (bad messages or sampling parameters).
+    fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, osprey_core::Error>;
+}
+
 /// Sends a generation request where its model is served: through an upstream as it is (or
-/// to its fallbacks), or parsed for the local engine.
-async fn generate<R: osprey_core::api::ApiRequest>(
+/// to its fallbacks), to a worker of the pool, or parsed for the local engine.
+async fn generate<R: Routed>(
     state: AppState,
     admitted: Option<Extension<Admitted>>,
     body: Bytes,
@@ -109,6 +132,14 @@ async fn generate<R: osprey_core::api::ApiRequest>(
     // Anything else is parsed in full first, so a malformed body is reported as such even
     // when it also names an unknown model.
     let request: R = osprey_core::api::parse_request(&body)?;
+    if let Ok(Backend::Pool(pool)) = state.backend(request.model()) {
+        let prompt = request.prompt_tokens(pool.prompter())?;
+        let mut response = pool.forward(path, body, &prompt, &caller, usage).await?;
+        if let Some(why) = reason.and_then(|r| HeaderValue::from_str(&r).ok()) {
+            response.headers_mut().insert(ROUTE_REASON, why);
+        }
+        return Ok(response);
+    }
     let served_by = state
         .model_name()
         .and_then(|m| HeaderValue::from_str(m).ok());
@@ -159,7 +190,7 @@ async fn forward(
         };
         let fallback = match state.backend(name) {
             Ok(Backend::Upstream(fallback)) => fallback,
-            Ok(Backend::Local(_)) => {
+            Ok(Backend::Local(_) | Backend::Pool(_)) => {
                 counted();
                 let name = name.clone();
                 return Ok(Forwarded::ToLocal { name, why });

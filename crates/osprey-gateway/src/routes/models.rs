@@ -16,6 +16,13 @@ fn cards(state: &AppState) -> Vec<ModelCard> {
         owned_by: "osprey".into(),
         max_model_len: state.engine().map(|e| e.info().max_model_len),
     });
+    let pool = state.pool().map(|p| ModelCard {
+        id: p.name().to_owned(),
+        object: "model".into(),
+        created: state.created(),
+        owned_by: "osprey".into(),
+        max_model_len: None,
+    });
     let upstreams = state.upstreams().map(|u| ModelCard {
         id: u.name.clone(),
         object: "model".into(),
@@ -23,10 +30,10 @@ fn cards(state: &AppState) -> Vec<ModelCard> {
         owned_by: "upstream".into(),
         max_model_len: None,
     });
-    local.into_iter().chain(upstreams).collect()
+    local.into_iter().chain(pool).chain(upstreams).collect()
 }
 
-/// The served models: the local one and every upstream.
+/// The served models: the local one (or the workers'), and every upstream.
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     Json(ModelList {
         object: "list".into(),

@@ -1,0 +1,99 @@
+//! Following one worker's event stream (`GET /worker/events`): its prefix cache into the
+//! pool's index, its load, and whether it is live. A stream that breaks, or stays silent for
+//! [`STALL`] (the worker sends its load every 200 ms), ejects the worker and forgets what it
+//! held; the feed reconnects with a growing pause, and the worker's next snapshot brings it
+//! back.
+
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use eventsource_stream::{Event, Eventsource};
+use futures_util::StreamExt;
+use osprey_core::metrics as names;
+
+use super::protocol::{KvBatch, Load, Snapshot};
+use super::{Worker, WorkerPool};
+
+/// Silence after which a worker counts as gone.
+const STALL: Duration = Duration::from_secs(2);
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+/// Follows worker `w` of `pool` until the pool is dropped.
+pub(super) async fn follow(pool: Weak<WorkerPool>, w: usize, client: reqwest::Client) {
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let Some(url) = pool.upgrade().map(|p| p.workers[w].url.clone()) else {
+            return;
+        };
+        let response = client.get(format!("{url}/worker/events")).send().await;
+        if let Ok(response) = response.and_then(|r| r.error_for_status()) {
+            let mut events = response.bytes_stream().eventsource();
+            let mut seq = 0;
+            while let Ok(Some(Ok(event))) = tokio::time::timeout(STALL, events.next()).await {
+                let Some(pool) = pool.upgrade() else { return };
+                match pool.apply(w, &event, &mut seq) {
+                    Ok(()) => pause = FIRST_PAUSE,
+                    Err(e) => {
+                        tracing::warn!(worker = %url, error = %e, "a worker sent a bad event");
+                        break;
+                    }
+                }
+            }
+        }
+        let Some(p) = pool.upgrade() else { return };
+        eject(&p.workers[w], "its event stream ended");
+        p.index.lock().expect("prefix index lock").clear(w);
+        drop(p);
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
+}
+
+/// Stops sending requests to `worker`, until its events say it is back.
+pub(super) fn eject(worker: &Worker, why: &str) {
+    if worker.live.swap(false, Ordering::Relaxed) {
+        tracing::warn!(worker = %worker.url, "worker ejected: {why}");
+        metrics::gauge!(names::WORKER_LIVE, "worker" => worker.url.clone()).set(0.0);
+    }
+}
+
+impl WorkerPool {
+    /// Applies one event of worker `w`'s stream; `seq` is the last KV batch applied.
+    fn apply(&self, w: usize, event: &Event, seq: &mut u64) -> Result<(), serde_json::Error> {
+        let worker = &self.workers[w];
+        let load = match event.event.as_str() {
+            "snapshot" => {
+                let s: Snapshot = serde_json::from_str(&event.data)?;
+                let mut index = self.index.lock().expect("prefix index lock");
+                index.clear(w);
+                index.store(w, &s.blocks);
+                *seq = s.seq;
+                Some(s.load)
+            }
+            "kv" => {
+                let b: KvBatch = serde_json::from_str(&event.data)?;
+                if b.seq > *seq {
+                    let mut index = self.index.lock().expect("prefix index lock");
+                    index.evict(w, &b.evicted);
+                    index.store(w, &b.stored);
+                    *seq = b.seq;
+                }
+                None
+            }
+            "load" => Some(serde_json::from_str::<Load>(&event.data)?),
+            _ => None,
+        };
+        if let Some(load) = load {
+            worker
+                .reported
+                .store(load.running + load.waiting, Ordering::Relaxed);
+            if !worker.live.swap(true, Ordering::Relaxed) {
+                tracing::info!(worker = %worker.url, "worker live");
+                metrics::gauge!(names::WORKER_LIVE, "worker" => worker.url.clone()).set(1.0);
+            }
+        }
+        Ok(())
+    }
+}

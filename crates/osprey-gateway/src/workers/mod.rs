@@ -1,0 +1,285 @@
+//! A pool of `osprey worker`s serving one model (`osprey serve --worker URL ...`): each
+//! request goes to one worker, chosen by the pool's [`Policy`], and is forwarded as an
+//! upstream request would be.
+//!
+//! The pool follows every worker's event stream ([`feed`]): the blocks its prefix cache holds
+//! go into one [`PrefixIndex`], its load is noted, and a worker whose stream breaks or stalls
+//! is ejected until it answers again. To choose, the gateway hashes the request's prompt as
+//! the workers do (it loads the model's tokenizer and chat template, not its weights) and asks
+//! [`choose`] for the worker where the request is cheapest: most of its prompt cached, least
+//! work queued. The prompt is then recorded as held by that worker, so the requests right
+//! behind it find it there before the worker's own events say so.
+//!
+//! A request whose worker cannot be reached is sent to another worker (each worker is tried
+//! once; the unreachable one is ejected). One the worker failed with an error goes to another
+//! while the pool's retry budget allows. Nothing is retried once its answer has started: a
+//! stream the worker breaks off ends with an error event.
+
+mod feed;
+pub mod protocol;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::Response;
+use futures_util::StreamExt;
+use osprey_core::metrics as names;
+use osprey_core::{Error, ErrorKind};
+use osprey_engine::Prompter;
+use osprey_engine::kv::prefix_hashes;
+use osprey_router::prefix_index::{MAX_WORKERS, PrefixIndex};
+use osprey_router::retry::{RetryBudget, RetryBudgetConfig};
+use osprey_router::select::{Candidate, Policy, choose};
+
+use crate::config::UpstreamConfig;
+use crate::edge::{Caller, UsageReport};
+use crate::upstream::{SERVED_BY, Upstream, warrants_fallback};
+
+/// The header naming the worker that served a response.
+pub const SERVED_BY_WORKER: &str = "x-osprey-worker";
+
+/// Workers serving one model.
+pub struct WorkerPool {
+    name: String,
+    prompter: Prompter,
+    policy: Policy,
+    workers: Vec<Worker>,
+    index: Mutex<PrefixIndex>,
+    turn: AtomicUsize,
+    budget: Mutex<RetryBudget>,
+}
+
+struct Worker {
+    url: String,
+    upstream: Upstream,
+    /// Following its events: it takes requests.
+    live: AtomicBool,
+    /// Sequences running and waiting there, as it last said.
+    reported: AtomicUsize,
+    /// Requests this gateway has in flight there.
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl WorkerPool {
+    /// A pool serving `name` from the workers at `urls` (base URLs, without `/v1`), which
+    /// tokenize with `prompter`. Call [`Self::follow`] to start following them.
+    pub fn new(
+        name: &str,
+        urls: &[String],
+        policy: Policy,
+        prompter: Prompter,
+        client: reqwest::Client,
+    ) -> Result<Self, String> {
+        if urls.is_empty() || urls.len() > MAX_WORKERS {
+            return Err(format!(
+                "a pool has 1 to {MAX_WORKERS} workers, not {}",
+                urls.len()
+            ));
+        }
+        let workers = urls
+            .iter()
+            .map(|url| {
+                let url = url.trim_end_matches('/').to_owned();
+                let config = UpstreamConfig {
+                    url: format!("{url}/v1"),
+                    api_key_env: None,
+                    model: None,
+                    timeout_secs: Some(600.0),
+                    // The pool retries, on another worker.
+                    max_retries: Some(0),
+                    fallbacks: None,
+                };
+                let upstream = Upstream::new(&url, &config, client.clone())
+                    .map_err(|e| format!("--worker {url}: {e}"))?
+                    .relaying_client_errors();
+                metrics::gauge!(names::WORKER_LIVE, "worker" => url.clone()).set(0.0);
+                Ok(Worker {
+                    url,
+                    upstream,
+                    live: AtomicBool::new(false),
+                    reported: AtomicUsize::new(0),
+                    in_flight: Arc::default(),
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Self {
+            name: name.to_owned(),
+            prompter,
+            policy,
+            workers,
+            index: Mutex::default(),
+            turn: AtomicUsize::new(0),
+            budget: Mutex::new(RetryBudget::new(
+                RetryBudgetConfig::default(),
+                Instant::now(),
+            )),
+        })
+    }
+
+    /// Starts following every worker's events (on the current Tokio runtime), for as long as
+    /// the pool lives.
+    pub fn follow(self: &Arc<Self>, client: reqwest::Client) {
+        for w in 0..self.workers.len() {
+            tokio::spawn(feed::follow(Arc::downgrade(self), w, client.clone()));
+        }
+    }
+
+    /// The model the pool serves.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The model's tokenizer and chat template.
+    pub fn prompter(&self) -> &Prompter {
+        &self.prompter
+    }
+
+    /// The workers' URLs and whether each takes requests.
+    pub fn workers(&self) -> Vec<(String, bool)> {
+        let live = |w: &Worker| w.live.load(Ordering::Relaxed);
+        self.workers
+            .iter()
+            .map(|w| (w.url.clone(), live(w)))
+            .collect()
+    }
+
+    /// Sends a request for `prompt` to the best worker, and to others if it cannot be served
+    /// there before its answer starts.
+    pub async fn forward(
+        &self,
+        path: &str,
+        body: Bytes,
+        prompt: &[u32],
+        caller: &Caller,
+        usage: Arc<UsageReport>,
+    ) -> Result<Response, Error> {
+        let hashes = prefix_hashes(&caller.tenant.cache_salt, prompt);
+        let mut headers = HeaderMap::new();
+        if let Ok(salt) = HeaderValue::from_str(&caller.tenant.cache_salt) {
+            headers.insert(protocol::CACHE_SALT, salt);
+        }
+        headers.insert(
+            protocol::PRIORITY,
+            HeaderValue::from_static(caller.tenant.priority.as_str()),
+        );
+        self.budget
+            .lock()
+            .expect("budget lock")
+            .on_request(Instant::now());
+        let mut tried = vec![false; self.workers.len()];
+        let mut failure = None;
+        loop {
+            let Some(w) = self.pick(&hashes, &tried) else {
+                return Err(failure.unwrap_or_else(|| self.no_worker()));
+            };
+            tried[w] = true;
+            let worker = &self.workers[w];
+            let in_flight = InFlight::enter(&worker.in_flight);
+            let sent = worker
+                .upstream
+                .forward_with(path, body.clone(), usage.clone(), headers.clone())
+                .await;
+            let e = match sent {
+                Ok(response) => return Ok(self.served(response, worker, in_flight)),
+                Err(e) if warrants_fallback(&e) => e,
+                Err(e) => return Err(e),
+            };
+            let unreachable = e.code.as_deref() == Some("upstream_unavailable");
+            if unreachable {
+                feed::eject(worker, "a request could not reach it");
+            }
+            // A worker that could not be reached is ejected, and each is tried once: moving its
+            // requests elsewhere is failover, not a retry storm. A worker's error answer is
+            // retried elsewhere only within the budget.
+            let retry = unreachable
+                || self
+                    .budget
+                    .lock()
+                    .expect("budget lock")
+                    .try_retry(Instant::now());
+            if !retry || tried.iter().all(|&t| t) {
+                return Err(e);
+            }
+            metrics::counter!(names::WORKER_FAILOVERS, "worker" => worker.url.clone()).increment(1);
+            failure = Some(e);
+        }
+    }
+
+    /// The worker to try next, among those live and not yet tried; records the prompt as
+    /// held there.
+    fn pick(&self, hashes: &[u128], tried: &[bool]) -> Option<usize> {
+        let mut index = self.index.lock().expect("prefix index lock");
+        let matched = index.matched(self.workers.len(), hashes);
+        let candidates: Vec<Option<Candidate>> = (self.workers.iter().zip(tried))
+            .zip(&matched)
+            .map(|((w, &tried), &cached_blocks)| {
+                let live = w.live.load(Ordering::Relaxed) && !tried;
+                live.then(|| Candidate {
+                    load: (w.in_flight.load(Ordering::Relaxed))
+                        .max(w.reported.load(Ordering::Relaxed)),
+                    cached_blocks,
+                })
+            })
+            .collect();
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        let w = choose(self.policy, &candidates, hashes.len(), turn)?;
+        index.store(w, hashes);
+        drop(index);
+        let url = self.workers[w].url.clone();
+        metrics::counter!(names::WORKER_REQUESTS, "worker" => url, "policy" => self.policy.as_str())
+            .increment(1);
+        let blocks = hashes.len() as u64;
+        metrics::counter!(names::WORKER_PROMPT_BLOCKS, "cached" => "false")
+            .increment(blocks - matched[w] as u64);
+        metrics::counter!(names::WORKER_PROMPT_BLOCKS, "cached" => "true")
+            .increment(matched[w] as u64);
+        Some(w)
+    }
+
+    /// The worker's answer, marked as the pool's, counted in flight until its body ends.
+    fn served(&self, response: Response, worker: &Worker, in_flight: InFlight) -> Response {
+        let (mut parts, body) = response.into_parts();
+        if let Ok(v) = HeaderValue::from_str(&self.name) {
+            parts.headers.insert(SERVED_BY, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&worker.url) {
+            parts.headers.insert(SERVED_BY_WORKER, v);
+        }
+        let body = body.into_data_stream().map(move |chunk| {
+            let _until_the_end = &in_flight;
+            chunk
+        });
+        Response::from_parts(parts, Body::from_stream(body))
+    }
+
+    fn no_worker(&self) -> Error {
+        Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "No worker serving `{}` is answering; retry shortly.",
+                self.name
+            ),
+        )
+        .with_code("no_worker_available")
+        .with_retry_after(1)
+    }
+}
+
+/// One request in flight at a worker, until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn enter(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,31 @@
+//! `osprey worker`: only an engine, for a gateway's pool (`osprey serve --worker URL`). It
+//! serves the OpenAI generation routes without keys or limits (the gateway applies them) and
+//! the worker protocol: its load, and its prefix cache as KV events.
+
+use anyhow::Context;
+use osprey_gateway::{AppState, HttpConfig};
+
+use crate::cli::WorkerArgs;
+use crate::serve::{engine_config, load_in_background, model_path, served_name, shutdown_signal};
+
+pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    let path = model_path(&args.engine)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let state = AppState::new(served_name(&args.engine));
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        load_in_background(&state, path, engine_config(&args.engine));
+        tracing::info!(%addr, model = state.model_name(), "worker listening");
+        let http = HttpConfig {
+            max_body_bytes: args.max_body_bytes,
+        };
+        let app = osprey_gateway::worker_router(state, &http);
+        osprey_gateway::serve_router(listener, app, shutdown_signal()).await?;
+        Ok(())
+    })
+}
