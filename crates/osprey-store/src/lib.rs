@@ -67,7 +67,17 @@ impl Store {
             .max_connections(4)
             .connect_with(options)
             .await?;
-        sqlx::migrate!("migrations/sqlite").run(&pool).await?;
+        // Replicas sharing the file may start together and race to apply a migration (SQLite
+        // takes no migration lock): the loser's transaction fails, and a second look finds the
+        // migration applied.
+        let mut attempt = 0;
+        while let Err(e) = sqlx::migrate!("migrations/sqlite").run(&pool).await {
+            attempt += 1;
+            if attempt == 3 {
+                return Err(e.into());
+            }
+            tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+        }
         Ok(Self { pool })
     }
 

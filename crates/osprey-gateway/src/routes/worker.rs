@@ -19,7 +19,9 @@ use super::{async_stream, chat, completions, generate, models, stream_response};
 use crate::edge::Admitted;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::workers::protocol::{CACHE_SALT, KvBatch, LOAD_INTERVAL, Load, PRIORITY, Snapshot};
+use crate::workers::protocol::{
+    CACHE_SALT, HEARTBEAT, KvBatch, LOAD_INTERVAL, Load, PRIORITY, Snapshot,
+};
 
 /// The worker's own routes (health, readiness and metrics are added by the caller).
 pub fn routes() -> Router<AppState> {
@@ -110,6 +112,7 @@ async fn events(State(state): State<AppState>) -> Result<Response, ApiError> {
             };
             tx.send(named("snapshot", &snapshot)).await?;
             let mut tick = tokio::time::interval(LOAD_INTERVAL);
+            let (mut sent, mut sent_at) = (snapshot.load, tokio::time::Instant::now());
             loop {
                 tokio::select! {
                     batch = batches.recv() => match batch {
@@ -121,7 +124,14 @@ async fn events(State(state): State<AppState>) -> Result<Response, ApiError> {
                         Err(RecvError::Lagged(_)) => break,
                         Err(RecvError::Closed) => return Ok(()),
                     },
-                    _ = tick.tick() => tx.send(named("load", &Load::of(engine.stats()))).await?,
+                    _ = tick.tick() => {
+                        // When it changed, and every second as a heartbeat.
+                        let load = Load::of(engine.stats());
+                        if load != sent || sent_at.elapsed() >= HEARTBEAT {
+                            (sent, sent_at) = (load, tokio::time::Instant::now());
+                            tx.send(named("load", &load)).await?;
+                        }
+                    }
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! Following one worker's event stream (`GET /worker/events`): its prefix cache into the
 //! pool's index, its load, and whether it is live. A stream that breaks, or stays silent for
-//! [`STALL`] (the worker sends its load every 200 ms), ejects the worker and forgets what it
+//! [`STALL`] (the worker sends its load at least every second), ejects the worker and forgets what it
 //! held; the feed reconnects with a growing pause, and the worker's next snapshot brings it
 //! back.
 
@@ -16,7 +16,7 @@ use super::protocol::{KvBatch, Load, Snapshot};
 use super::{Worker, WorkerPool};
 
 /// Silence after which a worker counts as gone.
-const STALL: Duration = Duration::from_secs(2);
+const STALL: Duration = Duration::from_secs(3);
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
 const MAX_PAUSE: Duration = Duration::from_secs(2);
 

@@ -4,8 +4,9 @@
 //! - `GET /worker/load` answers [`Load`] as JSON.
 //! - `GET /worker/events` is a server-sent event stream: first `snapshot` ([`Snapshot`]: every
 //!   block cached, and the load), then `kv` ([`KvBatch`]: blocks stored and evicted, numbered
-//!   without gaps) as the engine's prefix cache changes, and `load` every
-//!   [`LOAD_INTERVAL`]. A subscriber that falls behind gets a fresh `snapshot`.
+//!   without gaps) as the engine's prefix cache changes, and `load` ([`Load`]) when it changes
+//!   (looked at every [`LOAD_INTERVAL`]) and at least every [`HEARTBEAT`]. A subscriber that
+//!   falls behind gets a fresh `snapshot`.
 //! - Block hashes are 32 hex digits; a gateway computes the same ones from a prompt with
 //!   [`osprey_engine::kv::prefix_hashes`] and the tenant's cache salt, which it sends in
 //!   [`CACHE_SALT`] (with the tenant's default priority in [`PRIORITY`]): a worker trusts these
@@ -21,8 +22,10 @@ use serde::{Deserialize, Serialize};
 pub const CACHE_SALT: &str = "x-osprey-cache-salt";
 /// The header carrying the tenant's default priority (`interactive`, `batch`) to a worker.
 pub const PRIORITY: &str = "x-osprey-priority";
-/// How often a worker sends its load.
+/// How often a worker looks at its load, and sends it if it changed.
 pub const LOAD_INTERVAL: Duration = Duration::from_millis(200);
+/// The longest a worker stays silent: it sends its load at least this often.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// How busy a worker is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -41,10 +41,12 @@ pub struct ServeBenchArgs {
     /// Names of the other servers, in order (default `compare-1`, ...).
     #[arg(long)]
     pub compare_label: Vec<String>,
-    /// `a` (concurrency sweep), `b` (shared system prompt) or `f` (interactive + batch).
+    /// `a` (concurrency sweep), `b` (shared system prompt), `c` (cache-aware routing: compare
+    /// gateways in front of the same workers) or `f` (interactive + batch).
     #[arg(long, short = 'w', value_enum, default_value = "a")]
     pub workload: WorkloadId,
-    /// Concurrent streams: the sweep of A (default 1,8,32) or the users of B (default 32).
+    /// Concurrent streams: the sweep of A (default 1,8,32), the users of B (default 32) or C
+    /// (default 16).
     #[arg(long, short = 'c', value_delimiter = ',')]
     pub concurrency: Vec<usize>,
     /// Requests each client sends (default: A 3, B 1); in F, the distinct requests each
@@ -111,11 +113,13 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
         concurrency: match (args.workload, args.concurrency.is_empty()) {
             (_, false) => args.concurrency.clone(),
             (WorkloadId::B, true) => vec![32],
+            (WorkloadId::C, true) => vec![16],
             _ => vec![1, 8, 32],
         },
         requests_per_client: args.requests_per_client.unwrap_or(match args.workload {
             WorkloadId::A => 3,
             WorkloadId::B => 1,
+            WorkloadId::C => 4,
             WorkloadId::F => 5,
         }),
         seed: args.seed,
@@ -127,8 +131,13 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
             .context("--duration must be a positive number of seconds")?,
     };
     // Fresh text each run (seed + run), so no server is served from its cache a repeat of an
-    // earlier run's prompts; the shape is the same every run.
-    let runs: Vec<Vec<Level>> = (0..args.runs.max(1) as u64)
+    // earlier run's prompts; the shape is the same every run. Servers that share backends get
+    // fresh text each (run × server) too.
+    let plans = match args.workload.shares_backends() {
+        true => args.runs.max(1) * (1 + args.compare.len()),
+        false => args.runs.max(1),
+    };
+    let runs: Vec<Vec<Level>> = (0..plans as u64)
         .map(|r| {
             let shape = Shape {
                 seed: args.seed.wrapping_add(r),
@@ -189,9 +198,14 @@ async fn measure(args: &ServeBenchArgs, runs: Vec<Vec<Level>>) -> anyhow::Result
     );
     // results[level][target] = runs
     let mut results: Vec<Vec<Vec<LevelRun>>> = vec![vec![Vec::new(); targets.len()]; levels.len()];
-    for (run, levels) in runs.iter().enumerate() {
-        for (l, level) in levels.iter().enumerate() {
+    for run in 0..args.runs.max(1) {
+        for l in 0..levels.len() {
             for (t, target) in targets.iter().enumerate() {
+                let plan = match args.workload.shares_backends() {
+                    true => run * targets.len() + t,
+                    false => run,
+                };
+                let level = &runs[plan][l];
                 bar.set_message(format!("run {} {} {}", run + 1, level.name, target.label));
                 let r = run_level(&http, target, level, &bar).await;
                 results[l][t].push(r);

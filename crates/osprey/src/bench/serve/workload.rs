@@ -15,9 +15,23 @@ pub enum WorkloadId {
     A,
     /// 32 users sharing one 1,000-token system prompt, each with its own question.
     B,
+    /// Cache-aware routing: users of 8 distinct 1,000-token system prompts, in random order,
+    /// through a gateway in front of workers.
+    C,
     /// Interactive and batch clients at a fixed ratio, over a fixed window.
     F,
 }
+
+impl WorkloadId {
+    /// Whether the servers compared share backends (C: gateways in front of the same workers),
+    /// so each needs prompts of its own lest one be served from what the other cached.
+    pub fn shares_backends(self) -> bool {
+        self == Self::C
+    }
+}
+
+/// Workload C: distinct system prompts the users share.
+pub const C_SYSTEM_PROMPTS: usize = 8;
 
 /// Scheduling class a request asks for (Osprey's `osprey.priority`; other servers ignore it).
 #[derive(
@@ -241,6 +255,33 @@ pub fn levels(id: WorkloadId, shape: &Shape, tokenizer: &Tokenizer) -> Vec<Level
             let warmup = vec![p.request(Class::Interactive, Some(&system), 20, 4)];
             vec![Level {
                 name: format!("B users={users}"),
+                concurrency: users,
+                clients,
+                warmup,
+                window: None,
+            }]
+        }
+        WorkloadId::C => {
+            let systems: Vec<String> = (0..C_SYSTEM_PROMPTS).map(|_| p.text(1000)).collect();
+            let users = shape.concurrency.first().copied().unwrap_or(16);
+            let clients = (0..users)
+                .map(|_| ClientPlan {
+                    requests: (0..per_client)
+                        .map(|_| {
+                            let system = &systems[p.len(0..=C_SYSTEM_PROMPTS - 1)];
+                            let n = p.len(40..=60);
+                            p.request(Class::Interactive, Some(system), n, 32)
+                        })
+                        .collect(),
+                })
+                .collect();
+            // Each system prompt has been seen once, as in a fleet that has been up: cold
+            // starts are not what routing is measured on.
+            let warmup = (systems.iter())
+                .map(|system| p.request(Class::Interactive, Some(system), 16, 4))
+                .collect();
+            vec![Level {
+                name: format!("C users={users}"),
                 concurrency: users,
                 clients,
                 warmup,

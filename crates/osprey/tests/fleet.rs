@@ -1,0 +1,293 @@
+//! A gateway in front of two real `osprey worker` processes (`osprey serve --worker ...`):
+//! requests go where their prompt is cached, and a worker killed with SIGKILL under load loses
+//! no request that had not started answering.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+const NAME: &str = "smollm2-135m-instruct";
+
+/// A child process, killed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Process {
+    fn start(args: &[&str]) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_osprey"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting osprey");
+        Self(child)
+    }
+}
+
+struct Fleet {
+    gateway: String,
+    workers: Vec<String>,
+    // Dropped last: the gateway first.
+    _gateway: Process,
+    worker_processes: Vec<Process>,
+    _store: std::path::PathBuf,
+}
+
+/// Two workers and a gateway with `policy`, all ready.
+async fn fleet(policy: &str) -> Fleet {
+    let model = osprey_testkit::default_model();
+    let model = model.to_str().expect("a UTF-8 path");
+    let mut worker_processes = Vec::new();
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        let port = osprey_testkit::free_port().to_string();
+        let args = [
+            "worker",
+            "--port",
+            &port,
+            "--model",
+            model,
+            "--threads",
+            "1",
+        ];
+        let sizing = ["--kv-cache-memory", "128MiB", "--served-model-name", NAME];
+        worker_processes.push(Process::start(&[&args[..], &sizing].concat()));
+        workers.push(format!("http://127.0.0.1:{port}"));
+    }
+    let port = osprey_testkit::free_port().to_string();
+    let store = std::env::temp_dir().join(format!("osprey-fleet-{port}.db"));
+    let store_url = format!("sqlite://{}", store.display());
+    let mut args = vec![
+        "serve", "--port", &port, "--model", model, "--store", &store_url,
+    ];
+    args.extend(["--routing-policy", policy, "--served-model-name", NAME]);
+    for w in &workers {
+        args.extend(["--worker", w]);
+    }
+    let gateway = Process::start(&args);
+    let fleet = Fleet {
+        gateway: format!("http://127.0.0.1:{port}"),
+        workers,
+        _gateway: gateway,
+        worker_processes,
+        _store: store,
+    };
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let client = reqwest::Client::new();
+    loop {
+        let ready = client.get(format!("{}/ready", fleet.gateway)).send().await;
+        let live = match ready {
+            Ok(r) => r.json::<Value>().await.ok().map_or(0, |v| {
+                v["workers"]
+                    .as_array()
+                    .map_or(0, |ws| ws.iter().filter(|w| w["live"] == true).count())
+            }),
+            Err(_) => 0,
+        };
+        if live == 2 {
+            return fleet;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fleet was not ready within 180 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn chat(system: &str, question: &str, max_tokens: u32, stream: bool) -> Value {
+    json!({
+        "model": NAME,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": true,
+        "stream": stream,
+    })
+}
+
+/// A system prompt of a few hundred tokens, distinct per `topic`.
+fn system_prompt(topic: &str) -> String {
+    format!("You are the assistant of the {topic} desk. ").repeat(30)
+}
+
+/// Sends `body`; the answering worker and the response.
+async fn send(
+    client: &reqwest::Client,
+    fleet: &Fleet,
+    body: &Value,
+) -> (String, reqwest::Response) {
+    let r = client
+        .post(format!("{}/v1/chat/completions", fleet.gateway))
+        .json(body)
+        .send()
+        .await
+        .expect("the gateway answers");
+    let worker = r
+        .headers()
+        .get("x-osprey-worker")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (worker.unwrap_or_default(), r)
+}
+
+async fn prefix_hits(client: &reqwest::Client, worker: &str) -> f64 {
+    let text = client
+        .get(format!("{worker}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("osprey_prefix_cache_hit_tokens_total "))
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_go_to_the_worker_holding_their_prompt() {
+    let fleet = fleet("cache_aware").await;
+    let client = reqwest::Client::new();
+    let (a, b) = (system_prompt("billing"), system_prompt("shipping"));
+    let (first_a, r) = send(&client, &fleet, &chat(&a, "Hello.", 2, false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-osprey-model"], NAME);
+    let usage: Value = r.json().await.unwrap();
+    let prompt_tokens = usage["usage"]["prompt_tokens"].as_f64().unwrap();
+    let (first_b, _) = send(&client, &fleet, &chat(&b, "Hello.", 2, false)).await;
+    assert_ne!(
+        first_a, first_b,
+        "with nothing cached, idle workers take turns"
+    );
+    let hits_before = prefix_hits(&client, &first_a).await;
+    for q in [
+        "Where is my invoice?",
+        "Can I pay by card?",
+        "Refund, please.",
+    ] {
+        let (worker, r) = send(&client, &fleet, &chat(&a, q, 2, false)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(worker, first_a, "a prompt goes where it is cached");
+        let (worker, _) = send(&client, &fleet, &chat(&b, q, 2, true)).await;
+        assert_eq!(worker, first_b, "streams too");
+    }
+    let hits = prefix_hits(&client, &first_a).await - hits_before;
+    // The system prompt is all but the last few tokens (the question, in whole blocks).
+    assert!(
+        hits >= 3.0 * (prompt_tokens - 40.0),
+        "the worker reused the cached prompt: {hits} tokens"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_under_load_loses_no_unstarted_request() {
+    let mut fleet = fleet("least_loaded").await;
+    let client = reqwest::Client::new();
+    let system = system_prompt("support");
+    // Two long streams, one per worker (least-loaded alternates), already answering.
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let (worker, r) = send(
+            &client,
+            &fleet,
+            &chat(&system, "Tell me a story.", 400, true),
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+        let mut body = r.bytes_stream();
+        let first = body.next().await.expect("a first chunk").expect("bytes");
+        assert!(String::from_utf8_lossy(&first).contains("data:"));
+        streams.push((worker, body));
+    }
+    assert_ne!(streams[0].0, streams[1].0, "one stream on each worker");
+    // Non-streamed requests on both workers, then one worker dies mid-way.
+    let pending: Vec<_> = (0..8)
+        .map(|i| {
+            let (client, body) = (
+                client.clone(),
+                chat(&system, &format!("Question {i}?"), 48, false),
+            );
+            let url = format!("{}/v1/chat/completions", fleet.gateway);
+            tokio::spawn(async move {
+                let r = client
+                    .post(url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("an answer");
+                let status = r.status();
+                let worker = r
+                    .headers()
+                    .get("x-osprey-worker")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                (status, worker, r.json::<Value>().await.ok())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let victim = fleet
+        .workers
+        .iter()
+        .position(|w| *w == streams[0].0)
+        .unwrap();
+    let survivor = fleet.workers[1 - victim].clone();
+    fleet.worker_processes[victim].0.kill().expect("SIGKILL"); // Child::kill is SIGKILL
+    let _ = fleet.worker_processes[victim].0.wait();
+
+    for p in pending {
+        let (status, worker, body) = p.await.unwrap();
+        assert_eq!(status, 200, "{body:?}");
+        assert_eq!(
+            worker.as_deref(),
+            Some(survivor.as_str()),
+            "finished on the survivor"
+        );
+        let body = body.expect("a JSON answer");
+        assert_eq!(body["usage"]["completion_tokens"], 48);
+    }
+    // The stream on the killed worker ends with an error event, not a broken connection.
+    let (_, mut cut) = streams.remove(0);
+    let mut text = String::new();
+    while let Some(chunk) = cut.next().await {
+        text.push_str(&String::from_utf8_lossy(
+            &chunk.expect("the stream ends cleanly"),
+        ));
+    }
+    let last = text
+        .lines()
+        .rfind(|l| l.starts_with("data:"))
+        .unwrap_or_default();
+    assert!(
+        last.contains("\"upstream_disconnected\""),
+        "last event: {last}"
+    );
+    // New requests go to the survivor.
+    for q in ["After?", "Still there?"] {
+        let (worker, r) = send(&client, &fleet, &chat(&system, q, 4, false)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(worker, survivor);
+    }
+    let ready: Value = client
+        .get(format!("{}/ready", fleet.gateway))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let live: Vec<bool> = ready["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["live"] == true)
+        .collect();
+    assert_eq!(live.iter().filter(|l| **l).count(), 1, "{ready}");
+}
