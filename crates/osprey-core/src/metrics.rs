@@ -80,3 +80,5 @@ pub const WORKER_REQUESTS: &str = "osprey_worker_requests_total";
 pub const WORKER_PROMPT_BLOCKS: &str = "osprey_worker_prompt_blocks_total";
 /// Counter: requests retried on another worker after theirs failed, by the failed worker.
 pub const WORKER_FAILOVERS: &str = "osprey_worker_failovers_total";
+/// Counter: `auto` requests, by the tier chosen and the task the classifier saw.
+pub const AUTO_ROUTED: &str = "osprey_auto_routed_total";

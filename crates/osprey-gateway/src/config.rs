@@ -94,6 +94,16 @@ pub struct UpstreamConfig {
     pub fallbacks: Option<Vec<String>>,
 }
 
+/// One tier of `"model": "auto"` (`[[tiers]]` in the config file, smallest first).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TierConfig {
+    /// Its name, in `x-osprey-tier`.
+    pub name: String,
+    /// The served model (local, workers' or upstream) its requests go to.
+    pub model: String,
+}
+
 /// Everything the edge needs besides its backends.
 #[derive(Clone, Debug, Default)]
 pub struct EdgeConfig {

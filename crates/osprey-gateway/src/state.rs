@@ -11,6 +11,7 @@ use osprey_engine::Engine;
 use crate::edge::Edge;
 use crate::upstream::Upstream;
 use crate::workers::WorkerPool;
+use osprey_router::tiers::Tiers;
 
 /// Shared, cheaply cloned handler state.
 #[derive(Clone)]
@@ -22,6 +23,7 @@ struct Inner {
     local: Option<LocalModel>,
     upstreams: BTreeMap<String, Arc<Upstream>>,
     pool: Option<Arc<WorkerPool>>,
+    tiers: Option<Tiers>,
     edge: Arc<Edge>,
     created: u64,
 }
@@ -64,6 +66,7 @@ impl AppState {
                     .map(|u| (u.name.clone(), Arc::new(u)))
                     .collect(),
                 pool: None,
+                tiers: None,
                 edge: Arc::new(edge),
                 created: unix_now(),
             }),
@@ -78,6 +81,21 @@ impl AppState {
         let inner = Arc::get_mut(&mut self.inner).expect("with_pool before the state is shared");
         inner.pool = Some(pool);
         self
+    }
+
+    /// The same state, answering `"model": "auto"` with `tiers`.
+    ///
+    /// # Panics
+    /// If the state has been cloned already.
+    pub fn with_tiers(mut self, tiers: Tiers) -> Self {
+        let inner = Arc::get_mut(&mut self.inner).expect("with_tiers before the state is shared");
+        inner.tiers = Some(tiers);
+        self
+    }
+
+    /// The tiers of `auto`, if configured.
+    pub fn tiers(&self) -> Option<&Tiers> {
+        self.inner.tiers.as_ref()
     }
 
     /// The worker pool, if the model is served by workers.

@@ -104,6 +104,89 @@ async fn a_failing_upstream_falls_back_to_the_local_engine() {
     assert!((1..=3).contains(&generated), "{answer}");
 }
 
+/// `"model": "auto"` over two tiers: the local engine (small) and another Osprey serving the
+/// same engine as `large` upstream. The classifier sends easy work small and code or reasoning
+/// large; premium goes large; the response names tier, model and reason.
+#[tokio::test]
+async fn auto_picks_the_tier_by_task_and_says_why() {
+    use osprey_gateway::config::UpstreamConfig;
+    use osprey_gateway::edge::Edge;
+    use osprey_gateway::upstream::{Upstream, http_client};
+    use osprey_router::tiers::{Tier, Tiers};
+    let large = AppState::new("large");
+    large.set_engine(osprey_testkit::shared_engine());
+    let large_url = serve(large).await;
+    let config = UpstreamConfig {
+        url: format!("{large_url}/v1"),
+        api_key_env: None,
+        model: None,
+        timeout_secs: None,
+        max_retries: None,
+        fallbacks: None,
+    };
+    let upstreams = vec![Upstream::new("large", &config, http_client()).unwrap()];
+    let tier = |name: &str, model: &str| Tier {
+        name: name.into(),
+        model: model.into(),
+    };
+    let tiers = Tiers::new(vec![tier("small", MODEL), tier("big", "large")], 0.6).unwrap();
+    let state =
+        AppState::with_models(Some(MODEL.into()), upstreams, Edge::open()).with_tiers(tiers);
+    state.set_engine(osprey_testkit::shared_engine());
+    let base = serve(state).await;
+    let ask = async |text: &str, extra: Value| {
+        let mut body = json!({"model": "auto", "messages": [{"role": "user", "content": text}], "max_tokens": 2});
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        let r = reqwest::Client::new()
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let h = |n: &str| r.headers()[n].to_str().unwrap().to_owned();
+        (
+            h("x-osprey-tier"),
+            h("x-osprey-model"),
+            h("x-osprey-route-reason"),
+        )
+    };
+    let (tier, model, reason) = ask("What is the capital of Peru?", json!({})).await;
+    assert_eq!((tier.as_str(), model.as_str()), ("small", MODEL));
+    assert!(reason.starts_with("auto: simple_qa"), "{reason}");
+    let (tier, model, reason) = ask(
+        "Write a Go function that merges two sorted slices.",
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        (tier.as_str(), model.as_str()),
+        ("big", "large"),
+        "{reason}"
+    );
+    assert!(reason.starts_with("auto: code"), "{reason}");
+    let premium = json!({"osprey": {"quality": "premium"}});
+    let (tier, _, reason) = ask("What is the capital of Peru?", premium).await;
+    assert_eq!(tier, "big");
+    assert!(reason.ends_with("premium"), "{reason}");
+    let models: Value = reqwest::get(format!("{base}/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "auto"),
+        "{models}"
+    );
+}
+
 fn assert_envelope(status: u16, body: &Value, want_status: u16, want_param: Option<&str>) {
     assert_eq!(status, want_status, "{body}");
     let e = &body["error"];

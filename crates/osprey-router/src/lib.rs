@@ -14,8 +14,14 @@
 //!   events and from what was sent where;
 //! - [`select::choose`]: cache-aware (longest cached prefix weighed against load),
 //!   least-loaded or round-robin.
+//!
+//! And the choice of tier for `"model": "auto"`:
+//! - [`classifier::TaskClassifier`]: which kind of task a request is, and how sure;
+//! - [`tiers::Tiers`]: the tier a task starts at, escalated when unsure or asked for quality.
 
 pub mod breaker;
+pub mod classifier;
 pub mod prefix_index;
 pub mod retry;
 pub mod select;
+pub mod tiers;

@@ -57,8 +57,8 @@ pub enum ModelsCommand {
 /// `osprey serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// A TOML config file: top-level keys are these options' long names, plus `[tenants.NAME]`
-    /// and `[models.NAME]` tables (see docs/gateway.md). Flags and variables beat the file.
+    /// A TOML config file: top-level keys are these options' long names, plus `[tenants.NAME]`,
+    /// `[models.NAME]` and `[[tiers]]` tables (see docs/gateway.md, docs/routing.md). Flags and variables beat the file.
     #[arg(long, env = "OSPREY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Serve model NAME from an OpenAI-compatible server at URL (its base, with `/v1`);
@@ -86,6 +86,10 @@ pub struct ServeArgs {
     /// weighed against load), `least_loaded` or `round_robin`.
     #[arg(long, env = "OSPREY_ROUTING_POLICY", default_value = "cache_aware", value_parser = ["cache_aware", "least_loaded", "round_robin"])]
     pub routing_policy: String,
+    /// `"model": "auto"` (with `[[tiers]]` in the config file): a request the task classifier
+    /// is less sure of than this goes one tier up.
+    #[arg(long, env = "OSPREY_AUTO_CONFIDENCE", default_value_t = 0.6)]
+    pub auto_confidence: f64,
     /// Where keys and state live (default: sqlite://$OSPREY_HOME/osprey.db).
     #[arg(long, env = "OSPREY_STORE")]
     pub store: Option<String>,

@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
-use osprey_gateway::config::{TenantConfig, UpstreamConfig};
+use osprey_gateway::config::{TenantConfig, TierConfig, UpstreamConfig};
 use serde::Deserialize;
 
 use crate::cli::{Cli, Command, ServeArgs};
@@ -45,6 +45,7 @@ pub struct ConfigFile {
     flags: BTreeMap<String, toml::Value>,
     pub tenants: BTreeMap<String, TenantConfig>,
     pub models: BTreeMap<String, UpstreamConfig>,
+    pub tiers: Vec<TierConfig>,
 }
 
 #[derive(Deserialize)]
@@ -53,6 +54,8 @@ struct Shape {
     tenants: BTreeMap<String, TenantConfig>,
     #[serde(default)]
     models: BTreeMap<String, UpstreamConfig>,
+    #[serde(default)]
+    tiers: Vec<TierConfig>,
     #[serde(flatten)]
     flags: BTreeMap<String, toml::Value>,
 }
@@ -70,6 +73,7 @@ impl ConfigFile {
             flags: shape.flags,
             tenants: shape.tenants,
             models: shape.models,
+            tiers: shape.tiers,
         })
     }
 
@@ -213,11 +217,14 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
     let local = crate::serve::local_model_name(&args);
     osprey_gateway::upstream::check_fallbacks(&upstreams, local.as_deref())
         .map_err(|(name, why)| at_model(&name, why))?;
+    crate::serve::tiers(&file, args.auto_confidence, &upstreams, local.as_deref())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     println!(
-        "{}: ok ({} tenants, {} upstream models, store {}, limits {})",
+        "{}: ok ({} tenants, {} upstream models, {} tiers, store {}, limits {})",
         path.display(),
         edge.tenants.len(),
         file.models.len() + args.upstream.len(),
+        file.tiers.len(),
         args.store.as_deref().unwrap_or("default"),
         if args.redis.is_some() {
             "shared through Redis"
@@ -269,6 +276,26 @@ mod tests {
         check(&file(&text)).unwrap();
         let e = check(&file(&format!("no_engine = true\n{text}"))).unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn tiers_must_name_served_models() {
+        let name = osprey_models::DEFAULT_MODEL.served_name;
+        let big = "[models.big]\nurl = \"http://a/v1\"\n";
+        let tiers = format!(
+            "[[tiers]]\nname = \"small\"\nmodel = \"{name}\"\n[[tiers]]\nname = \"large\"\nmodel = \"big\"\n"
+        );
+        check(&file(&format!("{big}{tiers}"))).unwrap();
+        let e = check(&file(&tiers)).unwrap_err();
+        assert!(
+            e.to_string().contains("model `big` is not served here"),
+            "{e}"
+        );
+        let twice = format!("{big}{tiers}[[tiers]]\nname = \"small\"\nmodel = \"big\"\n");
+        let e = check(&file(&twice)).unwrap_err();
+        assert!(e.to_string().contains("listed twice"), "{e}");
+        let typo = format!("{big}[[tiers]]\nname = \"small\"\nmodle = \"big\"\n");
+        assert!(check(&file(&typo)).is_err());
     }
 
     #[test]

@@ -14,6 +14,7 @@ use osprey_gateway::workers::WorkerPool;
 use osprey_gateway::{AppState, HttpConfig};
 use osprey_models::DEFAULT_MODEL;
 use osprey_router::select::Policy;
+use osprey_router::tiers::{Tier, Tiers};
 use osprey_store::Store;
 
 use crate::cli::{EngineArgs, ServeArgs};
@@ -68,6 +69,36 @@ pub fn upstreams_from_flags(flags: &[String]) -> anyhow::Result<Vec<(String, Ups
             Ok((name.to_owned(), config))
         })
         .collect()
+}
+
+/// The tiers of `"model": "auto"` from the file's `[[tiers]]`, each naming a model served here
+/// (an upstream, or `local`: the engine's or the workers' model); `None` without tiers.
+pub fn tiers(
+    file: &ConfigFile,
+    threshold: f64,
+    upstreams: &[Upstream],
+    local: Option<&str>,
+) -> anyhow::Result<Option<Tiers>> {
+    if file.tiers.is_empty() {
+        return Ok(None);
+    }
+    let mut tiers = Vec::new();
+    for t in &file.tiers {
+        let served = local == Some(t.model.as_str()) || upstreams.iter().any(|u| u.name == t.model);
+        anyhow::ensure!(
+            served,
+            "tier `{}`: model `{}` is not served here",
+            t.name,
+            t.model
+        );
+        tiers.push(Tier {
+            name: t.name.clone(),
+            model: t.model.clone(),
+        });
+    }
+    Tiers::new(tiers, threshold)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("[[tiers]]: {e}"))
 }
 
 /// The store URL: `--store`, or the default SQLite file under `$OSPREY_HOME`.
@@ -154,6 +185,7 @@ async fn serve(
     let local_name = local.as_ref().map(|(_, name)| name.as_str());
     osprey_gateway::upstream::check_fallbacks(&upstreams, local_name)
         .map_err(|(_, why)| anyhow::anyhow!(why))?;
+    let tiers = tiers(&file, args.auto_confidence, &upstreams, local_name)?;
     let store_url = store_url(&args.store)?;
     let store = Store::open(&store_url)
         .await
@@ -187,6 +219,10 @@ async fn serve(
                 None,
             )
         }
+    };
+    let state = match tiers {
+        Some(tiers) => state.with_tiers(tiers),
+        None => state,
     };
 
     let addr = format!("{}:{}", args.host, args.port);

@@ -1,6 +1,7 @@
 //! The HTTP surface: OpenAI-compatible routes plus health, readiness and metrics.
 
 mod admin;
+pub mod auto;
 mod chat;
 mod completions;
 mod health;
@@ -102,11 +103,46 @@ pub trait Routed: osprey_core::api::ApiRequest {
     fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, osprey_core::Error>;
 }
 
-/// Sends a generation request where its model is served: through an upstream as it is (or
-/// to its fallbacks), to a worker of the pool, or parsed for the local engine.
+/// Sends a generation request where its model is served (for `auto`, the model of the tier the
+/// router picks; the response names the tier in `x-osprey-tier`).
 async fn generate<R: Routed>(
     state: AppState,
     admitted: Option<Extension<Admitted>>,
+    body: Bytes,
+    path: &str,
+    local: impl AsyncFnOnce(AppState, R, Caller, Arc<UsageReport>) -> Result<Response, ApiError>,
+) -> Result<Response, ApiError> {
+    let mut admitted = admitted.map_or_else(|| state.edge().unguarded(), |a| a.0);
+    let routed = match admitted.model.as_deref() {
+        Some(auto::AUTO) => Some(auto::route(state.tiers(), &admitted.caller, &body)?),
+        _ => None,
+    };
+    let Some(routed) = routed else {
+        return dispatch(state, admitted, body, path, local).await;
+    };
+    admitted.model = Some(routed.model.clone());
+    let mut response = dispatch(state, admitted, routed.body, path, local).await?;
+    let headers = response.headers_mut();
+    let reason = match headers.get(ROUTE_REASON).and_then(|r| r.to_str().ok()) {
+        Some(then) => format!("{}; {then}", routed.reason),
+        None => routed.reason,
+    };
+    tracing::info!(tier = %routed.tier, model = %routed.model, %reason, "auto routed");
+    if let (Ok(tier), Ok(reason)) = (
+        HeaderValue::from_str(&routed.tier),
+        HeaderValue::from_str(&reason),
+    ) {
+        headers.insert(auto::TIER, tier);
+        headers.insert(ROUTE_REASON, reason);
+    }
+    Ok(response)
+}
+
+/// Sends a generation request where its model is served: through an upstream as it is (or
+/// to its fallbacks), to a worker of the pool, or parsed for the local engine.
+async fn dispatch<R: Routed>(
+    state: AppState,
+    admitted: Admitted,
     body: Bytes,
     path: &str,
     local: impl AsyncFnOnce(AppState, R, Caller, Arc<UsageReport>) -> Result<Response, ApiError>,
@@ -115,7 +151,7 @@ async fn generate<R: Routed>(
         caller,
         model,
         usage,
-    } = admitted.map_or_else(|| state.edge().unguarded(), |a| a.0);
+    } = admitted;
     let mut body = body;
     let mut reason = None;
     if let Some(model) = model

@@ -30,7 +30,19 @@ fn cards(state: &AppState) -> Vec<ModelCard> {
         owned_by: "upstream".into(),
         max_model_len: None,
     });
-    local.into_iter().chain(pool).chain(upstreams).collect()
+    let auto = state.tiers().map(|_| ModelCard {
+        id: super::auto::AUTO.to_owned(),
+        object: "model".into(),
+        created: state.created(),
+        owned_by: "osprey-router".into(),
+        max_model_len: None,
+    });
+    local
+        .into_iter()
+        .chain(pool)
+        .chain(upstreams)
+        .chain(auto)
+        .collect()
 }
 
 /// The served models: the local one (or the workers'), and every upstream.
