@@ -82,3 +82,7 @@ pub const WORKER_PROMPT_BLOCKS: &str = "osprey_worker_prompt_blocks_total";
 pub const WORKER_FAILOVERS: &str = "osprey_worker_failovers_total";
 /// Counter: `auto` requests, by the tier chosen and the task the classifier saw.
 pub const AUTO_ROUTED: &str = "osprey_auto_routed_total";
+/// Gauge: the degradation ladder's level (0 none … 4), from the gateway's load.
+pub const DEGRADATION_LEVEL: &str = "osprey_degradation_level";
+/// Counter: responses degraded, by level.
+pub const DEGRADED: &str = "osprey_requests_degraded_total";

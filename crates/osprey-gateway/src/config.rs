@@ -28,6 +28,8 @@ pub struct TenantConfig {
     /// Tenants with the same cache group share prefix-cache entries; by default a tenant
     /// shares its cache with no one.
     pub cache_group: Option<String>,
+    /// Degraded last under load: two levels less than others.
+    pub premium: Option<bool>,
 }
 
 /// Limits for tenants that set none.
@@ -141,6 +143,8 @@ pub struct Tenant {
     pub policy: Option<String>,
     /// What separates this tenant's prefix-cache entries from others'.
     pub cache_salt: String,
+    /// Degraded last under load.
+    pub premium: bool,
 }
 
 impl EdgeConfig {
@@ -157,6 +161,7 @@ impl EdgeConfig {
             priority: t.priority.unwrap_or_default(),
             policy: t.policy,
             cache_salt: format!("tenant:{}", t.cache_group.as_deref().unwrap_or(name)),
+            premium: t.premium.unwrap_or(false),
         }
     }
 }

@@ -133,6 +133,11 @@ impl Edge {
         &self.auth
     }
 
+    /// Requests in flight through admission control.
+    pub fn in_flight(&self) -> u64 {
+        self.admission.in_flight()
+    }
+
     /// The rate limiter.
     pub fn limiter(&self) -> &RateLimiter {
         &self.limiter
@@ -396,7 +401,7 @@ fn refusal(tenant: &Tenant, buckets: &[Bucket], decision: &Decision) -> Error {
 }
 
 /// Sets the body's `max_tokens` (or `max_completion_tokens`, whichever it uses) to `cap`.
-fn clamp_max_tokens(bytes: &Bytes, cap: u64) -> Option<Bytes> {
+pub(crate) fn clamp_max_tokens(bytes: &Bytes, cap: u64) -> Option<Bytes> {
     let mut v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
     let obj = v.as_object_mut()?;
     let field = if obj.contains_key("max_completion_tokens") {

@@ -14,6 +14,7 @@
 //!   large, malformed JSON, unknown routes and handler panics;
 //! - [`state::AppState`]: the served models (the local engine, set once loading finishes, so
 //!   the server answers `/health` while the model loads; upstreams) and the edge;
+//! - [`degrade`]: the degradation ladder, driven by the load at the edge;
 //! - [`metrics`]: Prometheus export and request histograms.
 //!
 //! ```no_run
@@ -29,6 +30,7 @@
 pub mod admission;
 pub mod auth;
 pub mod config;
+pub mod degrade;
 pub mod edge;
 pub mod error;
 pub mod generation;
@@ -49,7 +51,19 @@ pub async fn serve(
     config: &HttpConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_router(listener, router(state, config), shutdown).await
+    let sampled = state.clone();
+    let sampler = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(degrade::SAMPLE_EVERY);
+        loop {
+            tick.tick().await;
+            let edge = sampled.edge();
+            let max = edge.config().admission.max_in_flight.max(1) as f64;
+            sampled.degradation().observe(edge.in_flight() as f64 / max);
+        }
+    });
+    let served = serve_router(listener, router(state, config), shutdown).await;
+    sampler.abort();
+    served
 }
 
 /// Serves `app` (from [`router`] or [`worker_router`]) on `listener` until `shutdown`

@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use osprey_core::{Error, ErrorKind};
 use osprey_engine::Engine;
 
+use crate::degrade::Degradation;
 use crate::edge::Edge;
 use crate::upstream::Upstream;
 use crate::workers::WorkerPool;
@@ -24,6 +25,7 @@ struct Inner {
     upstreams: BTreeMap<String, Arc<Upstream>>,
     pool: Option<Arc<WorkerPool>>,
     tiers: Option<Tiers>,
+    degradation: Degradation,
     edge: Arc<Edge>,
     created: u64,
 }
@@ -67,6 +69,7 @@ impl AppState {
                     .collect(),
                 pool: None,
                 tiers: None,
+                degradation: Degradation::default(),
                 edge: Arc::new(edge),
                 created: unix_now(),
             }),
@@ -91,6 +94,11 @@ impl AppState {
         let inner = Arc::get_mut(&mut self.inner).expect("with_tiers before the state is shared");
         inner.tiers = Some(tiers);
         self
+    }
+
+    /// The degradation ladder.
+    pub fn degradation(&self) -> &Degradation {
+        &self.inner.degradation
     }
 
     /// The tiers of `auto`, if configured.

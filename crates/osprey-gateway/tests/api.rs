@@ -187,6 +187,108 @@ async fn auto_picks_the_tier_by_task_and_says_why() {
     );
 }
 
+/// Under load the ladder degrades: at level 4 batch work is turned away, interactive requests
+/// keep at most 256 tokens and say they were degraded; once load falls, nothing is.
+#[tokio::test]
+async fn degradation_levels_trigger_and_clear() {
+    let state = AppState::new(MODEL);
+    state.set_engine(osprey_testkit::shared_engine());
+    let ladder = state.clone();
+    // Without the load sampler (`serve_router`): the test is the only one moving the ladder.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = osprey_gateway::router(state, &HttpConfig::default());
+    tokio::spawn(osprey_gateway::serve_router(
+        listener,
+        app,
+        std::future::pending(),
+    ));
+    let spike = ladder.degradation().observe(0.95);
+    assert_eq!(spike, 4);
+    let ask = async |extra: Value| {
+        let mut body = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 300,
+                              "ignore_eos": true, "temperature": 0});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = reqwest::Client::new()
+            .post(format!("{base}/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let degraded = r
+            .headers()
+            .get("x-osprey-degraded")
+            .map(|v| v.to_str().unwrap().to_owned());
+        (
+            r.status().as_u16(),
+            degraded,
+            r.json::<Value>().await.unwrap(),
+        )
+    };
+    let (status, _, body) = ask(json!({"osprey": {"priority": "batch"}})).await;
+    assert_envelope(status, &body, 503, None);
+    assert_eq!(body["error"]["code"], "degraded_batch_deferred");
+    let (status, degraded, body) = ask(json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(degraded.as_deref(), Some("4"));
+    assert_eq!(body["usage"]["completion_tokens"], 256, "max_tokens capped");
+    // Load falls: every level clears.
+    assert_eq!(ladder.degradation().observe(0.1), 0);
+    let (status, degraded, body) = ask(json!({"max_tokens": 260})).await;
+    assert_eq!(status, 200);
+    assert_eq!(degraded, None);
+    assert_eq!(body["usage"]["completion_tokens"], 260);
+}
+
+/// The ladder follows the real load: with 3 of 4 seats in flight (75%), a request is served at
+/// level 2.
+#[tokio::test]
+async fn the_ladder_follows_the_requests_in_flight() {
+    use osprey_gateway::auth::Authenticator;
+    use osprey_gateway::config::{AdmissionConfig, EdgeConfig};
+    use osprey_gateway::edge::Edge;
+    use osprey_gateway::limits::RateLimiter;
+    let config = EdgeConfig {
+        admission: AdmissionConfig {
+            max_in_flight: 4,
+            ..AdmissionConfig::default()
+        },
+        ..EdgeConfig::default()
+    };
+    let edge = Edge::new(config, Authenticator::open(), RateLimiter::local());
+    let state = AppState::with_models(Some(MODEL.into()), Vec::new(), edge);
+    state.set_engine(osprey_testkit::shared_engine());
+    let base = serve(state).await;
+    let long = json!({"model": MODEL, "prompt": "Hello", "max_tokens": 400, "ignore_eos": true,
+                      "stream": true});
+    let client = reqwest::Client::new();
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let r = client
+            .post(format!("{base}/v1/completions"))
+            .json(&long)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().get("x-osprey-degraded").is_none());
+        streams.push(r);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let short = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1});
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&short)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-osprey-degraded"], "2");
+    drop(streams);
+}
+
 fn assert_envelope(status: u16, body: &Value, want_status: u16, want_param: Option<&str>) {
     assert_eq!(status, want_status, "{body}");
     let e = &body["error"];

@@ -18,9 +18,12 @@
 //! And the choice of tier for `"model": "auto"`:
 //! - [`classifier::TaskClassifier`]: which kind of task a request is, and how sure;
 //! - [`tiers::Tiers`]: the tier a task starts at, escalated when unsure or asked for quality.
+//!
+//! And under load, [`degrade::Ladder`]: quality given up in steps, premium tenants last.
 
 pub mod breaker;
 pub mod classifier;
+pub mod degrade;
 pub mod prefix_index;
 pub mod retry;
 pub mod select;

@@ -31,35 +31,56 @@ pub struct AutoRoute {
 }
 
 /// Chooses the tier of an `auto` request.
-pub fn route(tiers: Option<&Tiers>, caller: &Caller, body: &Bytes) -> Result<AutoRoute, Error> {
+/// Under degradation `level` 3 and above nothing escalates; at 2 and above the request goes
+/// one tier smaller than it would.
+pub fn route(
+    tiers: Option<&Tiers>,
+    caller: &Caller,
+    body: &Bytes,
+    level: u8,
+) -> Result<AutoRoute, Error> {
     let Some(tiers) = tiers else {
         return Err(Error::model_not_found(AUTO));
     };
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| Error::invalid("body", format!("The request body is not valid JSON: {e}")))?;
     let (task, confidence) = TaskClassifier::shipped().classify(&request_text(&v));
-    let asks = Asks {
+    let mut asks = Asks {
         reasoning: matches!(v["reasoning_effort"].as_str(), Some("medium" | "high")),
         premium: v["osprey"]["quality"].as_str() == Some("premium"),
     };
+    let mut sure = confidence;
+    if level >= 3 {
+        (asks, sure) = (Asks::default(), 1.0);
+    }
     let allowed =
         |m: &str| (caller.tenant.models.as_ref()).is_none_or(|ms| ms.iter().any(|a| a == m));
-    let choice = tiers
-        .choose(task, confidence, asks, allowed)
-        .ok_or_else(|| {
-            Error::invalid(
-                "model",
-                "No tier of `auto` serves a model this tenant may use.",
-            )
-            .with_code("model_not_allowed")
-        })?;
-    metrics::counter!(osprey_core::metrics::AUTO_ROUTED, "tier" => choice.tier.name.clone(), "task" => task.as_str())
+    let choice = tiers.choose(task, sure, asks, allowed).ok_or_else(|| {
+        Error::invalid(
+            "model",
+            "No tier of `auto` serves a model this tenant may use.",
+        )
+        .with_code("model_not_allowed")
+    })?;
+    let (mut tier, mut reason) = (choice.tier, choice.reason);
+    if level >= 3 {
+        reason = format!(
+            "auto: {} {confidence:.2}, no escalation (degraded)",
+            task.as_str()
+        );
+    }
+    let at = tiers.tiers().iter().position(|t| t == tier).unwrap_or(0);
+    if level >= 2 && at > 0 && allowed(&tiers.tiers()[at - 1].model) {
+        tier = &tiers.tiers()[at - 1];
+        reason.push_str(", one tier smaller (degraded)");
+    }
+    metrics::counter!(osprey_core::metrics::AUTO_ROUTED, "tier" => tier.name.clone(), "task" => task.as_str())
         .increment(1);
     Ok(AutoRoute {
-        body: rename_model(body, &choice.tier.model)?,
-        model: choice.tier.model.clone(),
-        tier: choice.tier.name.clone(),
-        reason: choice.reason,
+        body: rename_model(body, &tier.model)?,
+        model: tier.model.clone(),
+        tier: tier.name.clone(),
+        reason,
     })
 }
 

@@ -22,11 +22,13 @@ use axum::routing::{get, post};
 use futures_util::{Stream, StreamExt};
 use tower_http::catch_panic::CatchPanicLayer;
 
+use crate::degrade::{DEGRADED, DEGRADED_MAX_TOKENS};
 use crate::edge::{Admitted, Caller, EdgeLayer, UsageReport};
 use crate::error::{ApiError, not_found, panic_response};
 use crate::state::{AppState, Backend};
 use crate::upstream::{self, ROUTE_REASON, SERVED_BY, Upstream, warrants_fallback};
 use osprey_engine::Prompter;
+use osprey_router::degrade;
 
 /// Identifies this build in responses' `system_fingerprint`.
 pub const FINGERPRINT: &str = concat!("osprey-", env!("CARGO_PKG_VERSION"));
@@ -104,7 +106,8 @@ pub trait Routed: osprey_core::api::ApiRequest {
 }
 
 /// Sends a generation request where its model is served (for `auto`, the model of the tier the
-/// router picks; the response names the tier in `x-osprey-tier`).
+/// router picks; the response names the tier in `x-osprey-tier`), degraded as the ladder's
+/// level says (`x-osprey-degraded`).
 async fn generate<R: Routed>(
     state: AppState,
     admitted: Option<Extension<Admitted>>,
@@ -113,27 +116,47 @@ async fn generate<R: Routed>(
     local: impl AsyncFnOnce(AppState, R, Caller, Arc<UsageReport>) -> Result<Response, ApiError>,
 ) -> Result<Response, ApiError> {
     let mut admitted = admitted.map_or_else(|| state.edge().unguarded(), |a| a.0);
+    let tenant = admitted.caller.tenant.clone();
+    let level = degrade::level_for(state.degradation().level(), tenant.premium);
+    let mut body = body;
+    if level >= 4 && crate::degrade::is_batch(&body, tenant.priority) {
+        return Err(crate::degrade::deferred().into());
+    }
+    if level >= 1
+        && let Some(capped) = crate::degrade::cap_max_tokens(&body, DEGRADED_MAX_TOKENS)
+    {
+        body = capped;
+    }
     let routed = match admitted.model.as_deref() {
-        Some(auto::AUTO) => Some(auto::route(state.tiers(), &admitted.caller, &body)?),
+        Some(auto::AUTO) => Some(auto::route(state.tiers(), &admitted.caller, &body, level)?),
         _ => None,
     };
-    let Some(routed) = routed else {
-        return dispatch(state, admitted, body, path, local).await;
+    let mut response = match &routed {
+        Some(routed) => {
+            admitted.model = Some(routed.model.clone());
+            dispatch(state, admitted, routed.body.clone(), path, local).await?
+        }
+        None => dispatch(state, admitted, body, path, local).await?,
     };
-    admitted.model = Some(routed.model.clone());
-    let mut response = dispatch(state, admitted, routed.body, path, local).await?;
     let headers = response.headers_mut();
-    let reason = match headers.get(ROUTE_REASON).and_then(|r| r.to_str().ok()) {
-        Some(then) => format!("{}; {then}", routed.reason),
-        None => routed.reason,
-    };
-    tracing::info!(tier = %routed.tier, model = %routed.model, %reason, "auto routed");
-    if let (Ok(tier), Ok(reason)) = (
-        HeaderValue::from_str(&routed.tier),
-        HeaderValue::from_str(&reason),
-    ) {
-        headers.insert(auto::TIER, tier);
-        headers.insert(ROUTE_REASON, reason);
+    if level > 0 {
+        metrics::counter!(osprey_core::metrics::DEGRADED, "level" => level.to_string())
+            .increment(1);
+        headers.insert(DEGRADED, HeaderValue::from(u16::from(level)));
+    }
+    if let Some(routed) = routed {
+        let reason = match headers.get(ROUTE_REASON).and_then(|r| r.to_str().ok()) {
+            Some(then) => format!("{}; {then}", routed.reason),
+            None => routed.reason,
+        };
+        tracing::info!(tier = %routed.tier, model = %routed.model, %reason, level, "auto routed");
+        if let (Ok(tier), Ok(reason)) = (
+            HeaderValue::from_str(&routed.tier),
+            HeaderValue::from_str(&reason),
+        ) {
+            headers.insert(auto::TIER, tier);
+            headers.insert(ROUTE_REASON, reason);
+        }
     }
     Ok(response)
 }
