@@ -119,4 +119,34 @@ try:
 except openai.BadRequestError as e:
     check("a prompt over the context window raises BadRequestError", e.body.get("code") == "context_length_exceeded", e.body)
 
+# The Batch API: upload a JSONL, run it as a batch, read the output file.
+import io
+import json
+import time
+
+requests = [{"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": model, "messages": [{"role": "user", "content": f"Count to {i + 2}."}],
+                      "max_tokens": 6, "temperature": 0}} for i in range(3)]
+jsonl = "\n".join(json.dumps(r) for r in requests).encode()
+uploaded = client.files.create(file=("requests.jsonl", io.BytesIO(jsonl)), purpose="batch")
+check("files.create: a batch input file", uploaded.bytes == len(jsonl) and uploaded.purpose == "batch", uploaded)
+batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+check("batches.create: in progress", batch.status in ("in_progress", "completed"), batch)
+deadline = time.time() + 120
+while batch.status not in ("completed", "failed", "cancelled") and time.time() < deadline:
+    time.sleep(0.25)
+    batch = client.batches.retrieve(batch.id)
+check("batches.retrieve: completed, every request answered",
+      batch.status == "completed" and batch.request_counts.completed == 3 and batch.request_counts.failed == 0, batch)
+output = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
+check("the output file has one 200 answer per custom_id",
+      sorted(o["custom_id"] for o in output) == ["req-0", "req-1", "req-2"]
+      and all(o["response"]["status_code"] == 200 and o["response"]["body"]["choices"] for o in output), output)
+check("batches.list includes it", any(b.id == batch.id for b in client.batches.list().data))
+try:
+    client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h")
+    check("a batch over a missing file raises BadRequestError", False)
+except openai.BadRequestError as e:
+    check("a batch over a missing file raises BadRequestError", e.body.get("param") == "input_file_id", e.body)
+
 print("all checks passed")

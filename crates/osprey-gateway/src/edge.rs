@@ -148,7 +148,8 @@ impl Edge {
         &self.config
     }
 
-    fn tenant(&self, name: &str) -> Arc<Tenant> {
+    /// The settings of tenant `name` (resolved once, then shared).
+    pub fn tenant(&self, name: &str) -> Arc<Tenant> {
         if let Some(t) = self.tenants.read().expect("tenants lock").get(name) {
             return t.clone();
         }

@@ -7,8 +7,9 @@
 //! - [`upstream`]: models served by another OpenAI-compatible server, streamed through;
 //! - [`workers`]: a model served by a pool of `osprey worker`s, each request sent where its
 //!   prompt is cached (the workers' side of that protocol is [`routes::worker_router`]);
-//! - [`routes`]: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
-//!   `/health`, `/ready`, `/metrics`; streaming with server-sent events;
+//! - [`routes`]: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, the
+//!   Batch API (`/v1/files`, `/v1/batches`), `/health`, `/ready`, `/metrics`; streaming with
+//!   server-sent events;
 //! - [`error`]: the only place an [`osprey_core::Error`] becomes an HTTP status, always in
 //!   OpenAI's envelope `{"error": {"message", "type", "param", "code"}}` — including bodies too
 //!   large, malformed JSON, unknown routes and handler panics;
@@ -61,8 +62,10 @@ pub async fn serve(
             sampled.degradation().observe(edge.in_flight() as f64 / max);
         }
     });
+    let batches = tokio::spawn(routes::batches::run_batches(state.clone()));
     let served = serve_router(listener, router(state, config), shutdown).await;
     sampler.abort();
+    batches.abort();
     served
 }
 

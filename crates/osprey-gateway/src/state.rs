@@ -13,6 +13,8 @@ use crate::edge::Edge;
 use crate::upstream::Upstream;
 use crate::workers::WorkerPool;
 use osprey_router::tiers::Tiers;
+use osprey_store::Store;
+use tokio::sync::Notify;
 
 /// Shared, cheaply cloned handler state.
 #[derive(Clone)]
@@ -26,6 +28,8 @@ struct Inner {
     pool: Option<Arc<WorkerPool>>,
     tiers: Option<Tiers>,
     degradation: Degradation,
+    store: Option<Store>,
+    batch_added: Notify,
     edge: Arc<Edge>,
     created: u64,
 }
@@ -70,6 +74,8 @@ impl AppState {
                 pool: None,
                 tiers: None,
                 degradation: Degradation::default(),
+                store: None,
+                batch_added: Notify::new(),
                 edge: Arc::new(edge),
                 created: unix_now(),
             }),
@@ -94,6 +100,31 @@ impl AppState {
         let inner = Arc::get_mut(&mut self.inner).expect("with_tiers before the state is shared");
         inner.tiers = Some(tiers);
         self
+    }
+
+    /// The same state, keeping batches and files in `store`.
+    ///
+    /// # Panics
+    /// If the state has been cloned already.
+    pub fn with_store(mut self, store: Store) -> Self {
+        let inner = Arc::get_mut(&mut self.inner).expect("with_store before the state is shared");
+        inner.store = Some(store);
+        self
+    }
+
+    /// The store of batches and files, if any.
+    pub fn store(&self) -> Option<&Store> {
+        self.inner.store.as_ref()
+    }
+
+    /// Wakes the batch runner: a batch was created.
+    pub fn batches_changed(&self) {
+        self.inner.batch_added.notify_one();
+    }
+
+    /// Completes when a batch is created.
+    pub async fn batch_added(&self) {
+        self.inner.batch_added.notified().await;
     }
 
     /// The degradation ladder.

@@ -289,6 +289,97 @@ async fn the_ladder_follows_the_requests_in_flight() {
     drop(streams);
 }
 
+/// A batch over a file with a bad line is refused with the line named; a good one runs to
+/// completion and its output answers every line.
+#[tokio::test]
+async fn batches_check_their_input_and_run_it() {
+    let dir = std::env::temp_dir().join(format!("osprey-api-batches-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = osprey_store::Store::open(&osprey_store::Store::default_url(&dir))
+        .await
+        .unwrap();
+    let state = AppState::new(MODEL).with_store(store);
+    state.set_engine(osprey_testkit::shared_engine());
+    let base = serve(state).await;
+    let client = reqwest::Client::new();
+    let upload = async |content: &str| -> Value {
+        let boundary = "osprey-boundary";
+        let body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+             --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+             Content-Type: application/jsonl\r\n\r\n{content}\r\n--{boundary}--\r\n"
+        );
+        let r = client
+            .post(format!("{base}/v1/files"))
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
+    };
+    let line = |id: &str| {
+        json!({"custom_id": id, "method": "POST", "url": "/v1/completions",
+               "body": {"model": MODEL, "prompt": "Hello", "max_tokens": 3}})
+        .to_string()
+    };
+    let bad = upload(&format!("{}\n{{\"custom_id\": \"x\"}}", line("a"))).await;
+    let create = |file: &Value| {
+        json!({"input_file_id": file["id"], "endpoint": "/v1/completions",
+                                       "completion_window": "24h"})
+    };
+    let (status, body) = post(&base, "/v1/batches", create(&bad).to_string()).await;
+    assert_envelope(status, &body, 400, Some("input_file_id"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("line 2"),
+        "{body}"
+    );
+    let good = upload(&format!("{}\n{}", line("a"), line("b"))).await;
+    let (status, batch) = post(&base, "/v1/batches", create(&good).to_string()).await;
+    assert_eq!(status, 200, "{batch}");
+    let url = format!("{base}/v1/batches/{}", batch["id"].as_str().unwrap());
+    let mut done = Value::Null;
+    for _ in 0..200 {
+        done = client.get(&url).send().await.unwrap().json().await.unwrap();
+        if done["status"] == "completed" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["request_counts"]["completed"], 2);
+    let output_url = format!(
+        "{base}/v1/files/{}/content",
+        done["output_file_id"].as_str().unwrap()
+    );
+    let output = client
+        .get(output_url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let answers: Vec<Value> = output
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 2);
+    for (answer, id) in answers.iter().zip(["a", "b"]) {
+        assert_eq!(answer["custom_id"], id);
+        assert_eq!(answer["response"]["status_code"], 200);
+        assert_eq!(answer["response"]["body"]["usage"]["completion_tokens"], 3);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn assert_envelope(status: u16, body: &Value, want_status: u16, want_param: Option<&str>) {
     assert_eq!(status, want_status, "{body}");
     let e = &body["error"];

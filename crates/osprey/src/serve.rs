@@ -190,7 +190,7 @@ async fn serve(
     let store = Store::open(&store_url)
         .await
         .with_context(|| format!("opening the store {store_url}"))?;
-    let auth = Authenticator::new(store).await?;
+    let auth = Authenticator::new(store.clone()).await?;
     auth.spawn_refresh_task();
     let limiter = match &args.redis {
         Some(url) => {
@@ -223,7 +223,8 @@ async fn serve(
     let state = match tiers {
         Some(tiers) => state.with_tiers(tiers),
         None => state,
-    };
+    }
+    .with_store(store);
 
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)

@@ -2,6 +2,7 @@
 
 mod admin;
 pub mod auto;
+pub mod batches;
 mod chat;
 mod completions;
 mod health;
@@ -69,9 +70,14 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             state.clone(),
             crate::edge::authenticate,
         ));
+    let files = batches::routes().route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        crate::edge::authenticate,
+    ));
     let routes = Router::new()
         .merge(generation)
         .merge(listing)
+        .merge(files)
         .merge(admin::router(state.clone()));
     finish(routes, state, config)
 }
@@ -271,6 +277,40 @@ async fn forward(
         }
     }
     Err(error)
+}
+
+/// A generation request for `endpoint` (`/v1/chat/completions` or `/v1/completions`) made
+/// inside the server (a batch line), as its route would answer it.
+pub(crate) async fn generate_for(
+    endpoint: &str,
+    state: AppState,
+    admitted: Extension<Admitted>,
+    body: Bytes,
+) -> Response {
+    let admitted = Some(admitted);
+    let answer = match endpoint {
+        "/v1/chat/completions" => {
+            generate(
+                state,
+                admitted,
+                body,
+                "chat/completions",
+                chat::chat_completions,
+            )
+            .await
+        }
+        _ => {
+            generate(
+                state,
+                admitted,
+                body,
+                "completions",
+                completions::completions,
+            )
+            .await
+        }
+    };
+    answer.into_response()
 }
 
 async fn chat_completions(
