@@ -1,7 +1,10 @@
-//! The degradation ladder in the gateway (`osprey-router`'s [`Ladder`] decides the level):
-//! the load observed is the share of `--max-in-flight` in use, sampled every
-//! [`SAMPLE_EVERY`]; a request admitted while the ladder is up is degraded as its level says
-//! (premium tenants two levels less) and its response carries `x-osprey-degraded: LEVEL`.
+//! The degradation ladder in the gateway (`osprey-router`'s [`Ladder`] decides the level).
+//! The load observed every [`SAMPLE_EVERY`] is the larger of two shares of a budget: requests in
+//! flight over `--max-in-flight` (queue depth), and, when `--ttft-slo` is set, the recent time
+//! to first token of the local engine's requests over it (a moving average, fading while
+//! nothing is measured). A
+//! request admitted while the ladder is up is degraded as its level says (premium tenants two
+//! levels less) and its response carries `x-osprey-degraded: LEVEL`.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -18,23 +21,56 @@ pub const DEGRADED_MAX_TOKENS: u64 = 256;
 /// How often the load is sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 
-/// The ladder and its current level.
+/// Weight of a new measurement in the moving average of TTFT.
+const TTFT_WEIGHT: f64 = 0.2;
+/// Per sample without a measurement, the average fades by this factor.
+const TTFT_FADE: f64 = 0.8;
+
+/// The ladder, its current level, and the TTFT it watches.
 #[derive(Debug)]
 pub struct Degradation {
     ladder: Mutex<Ladder>,
     level: AtomicU8,
+    ttft_slo: Option<Duration>,
+    /// Moving average of TTFT (seconds), and whether a token came since the last sample.
+    ttft: Mutex<(f64, bool)>,
 }
 
 impl Default for Degradation {
     fn default() -> Self {
-        Self {
-            ladder: Mutex::new(Ladder::new(LadderConfig::default())),
-            level: AtomicU8::new(0),
-        }
+        Self::new(None)
     }
 }
 
 impl Degradation {
+    /// A ladder at level 0, holding TTFT to `ttft_slo` if given.
+    pub fn new(ttft_slo: Option<Duration>) -> Self {
+        Self {
+            ladder: Mutex::new(Ladder::new(LadderConfig::default())),
+            level: AtomicU8::new(0),
+            ttft_slo: ttft_slo.map(|s| s.max(Duration::from_millis(1))),
+            ttft: Mutex::new((0.0, false)),
+        }
+    }
+
+    /// Records a request's time to first token.
+    pub fn record_ttft(&self, ttft: Duration) {
+        let mut t = self.ttft.lock().expect("ttft lock");
+        t.0 += TTFT_WEIGHT * (ttft.as_secs_f64() - t.0);
+        t.1 = true;
+    }
+
+    /// The load to observe: the larger of `in_flight_share` and the recent TTFT's share of the
+    /// SLO, if one is set (the TTFT average fades while no request measures it).
+    pub fn load(&self, in_flight_share: f64) -> f64 {
+        let mut t = self.ttft.lock().expect("ttft lock");
+        if !std::mem::take(&mut t.1) {
+            t.0 *= TTFT_FADE;
+        }
+        let ttft_share = self.ttft_slo.map_or(0.0, |slo| t.0 / slo.as_secs_f64());
+        in_flight_share.max(ttft_share)
+    }
+
     /// Observes `load` (0..=1); returns the level, and exports it when it changed.
     pub fn observe(&self, load: f64) -> u8 {
         let level = self.ladder.lock().expect("ladder lock").observe(load);
@@ -93,6 +129,27 @@ pub fn deferred() -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slow_first_tokens_raise_the_load_and_fade_when_they_stop() {
+        let unwatched = Degradation::default();
+        unwatched.record_ttft(Duration::from_secs(30));
+        assert_eq!(unwatched.load(0.1), 0.1, "no SLO: TTFT is not a load");
+        let d = Degradation::new(Some(Duration::from_secs(1)));
+        assert_eq!(d.load(0.1), 0.1);
+        for _ in 0..20 {
+            d.record_ttft(Duration::from_millis(950));
+        }
+        let load = d.load(0.1);
+        assert!(load > 0.9, "TTFT near the SLO is a full load: {load}");
+        assert_eq!(d.observe(load), 4);
+        let mut faded = load;
+        for _ in 0..10 {
+            faded = d.load(0.1);
+        }
+        assert!(faded < 0.2, "no requests, no TTFT pressure: {faded}");
+        assert_eq!(d.observe(faded), 0);
+    }
 
     #[test]
     fn max_tokens_is_capped_only_when_larger() {

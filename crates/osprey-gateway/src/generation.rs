@@ -55,6 +55,8 @@ pub fn merge(choices: Vec<(usize, Generation)>) -> Deltas {
 /// labelled by model and priority.
 pub struct RequestTimer {
     usage: std::sync::Arc<crate::edge::UsageReport>,
+    /// Where the time to first token also goes (the degradation ladder watches it).
+    ladder: Option<std::sync::Arc<crate::degrade::Degradation>>,
     model: String,
     priority: &'static str,
     start: Instant,
@@ -70,11 +72,18 @@ impl RequestTimer {
     ) -> Self {
         Self {
             usage,
+            ladder: None,
             model: model.to_owned(),
             priority: priority.as_str(),
             start: Instant::now(),
             last_token: None,
         }
+    }
+
+    /// The same timer, reporting the time to first token to `ladder` too.
+    pub fn watched_by(mut self, ladder: std::sync::Arc<crate::degrade::Degradation>) -> Self {
+        self.ladder = Some(ladder);
+        self
     }
 
     /// Records a generated token.
@@ -85,8 +94,13 @@ impl RequestTimer {
             ("priority", self.priority.to_owned()),
         ];
         match self.last_token {
-            None => metrics::histogram!(names::TIME_TO_FIRST_TOKEN, &labels)
-                .record((now - self.start).as_secs_f64()),
+            None => {
+                metrics::histogram!(names::TIME_TO_FIRST_TOKEN, &labels)
+                    .record((now - self.start).as_secs_f64());
+                if let Some(ladder) = &self.ladder {
+                    ladder.record_ttft(now - self.start);
+                }
+            }
             Some(prev) => metrics::histogram!(names::TIME_PER_OUTPUT_TOKEN, &labels)
                 .record((now - prev).as_secs_f64()),
         }

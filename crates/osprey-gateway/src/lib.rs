@@ -59,7 +59,8 @@ pub async fn serve(
             tick.tick().await;
             let edge = sampled.edge();
             let max = edge.config().admission.max_in_flight.max(1) as f64;
-            sampled.degradation().observe(edge.in_flight() as f64 / max);
+            let degradation = sampled.degradation();
+            degradation.observe(degradation.load(edge.in_flight() as f64 / max));
         }
     });
     let batches = tokio::spawn(routes::batches::run_batches(state.clone()));

@@ -27,7 +27,7 @@ struct Inner {
     upstreams: BTreeMap<String, Arc<Upstream>>,
     pool: Option<Arc<WorkerPool>>,
     tiers: Option<Tiers>,
-    degradation: Degradation,
+    degradation: Arc<Degradation>,
     store: Option<Store>,
     batch_added: Notify,
     edge: Arc<Edge>,
@@ -73,7 +73,7 @@ impl AppState {
                     .collect(),
                 pool: None,
                 tiers: None,
-                degradation: Degradation::default(),
+                degradation: Arc::default(),
                 store: None,
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
@@ -128,8 +128,18 @@ impl AppState {
     }
 
     /// The degradation ladder.
-    pub fn degradation(&self) -> &Degradation {
+    pub fn degradation(&self) -> &Arc<Degradation> {
         &self.inner.degradation
+    }
+
+    /// The same state, its ladder holding time to first token to `slo` (or not watching it).
+    ///
+    /// # Panics
+    /// If the state has been cloned already.
+    pub fn with_ttft_slo(mut self, slo: Option<std::time::Duration>) -> Self {
+        let inner = Arc::get_mut(&mut self.inner).expect("with_ttft_slo before sharing");
+        inner.degradation = Arc::new(Degradation::new(slo));
+        self
     }
 
     /// The tiers of `auto`, if configured.

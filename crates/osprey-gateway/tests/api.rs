@@ -26,6 +26,16 @@ async fn serve(state: AppState) -> String {
     format!("http://{addr}")
 }
 
+/// POSTs `body` as JSON to `path`.
+async fn send(base: &str, path: &str, body: &Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn post(base: &str, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
     let resp = reqwest::Client::new()
         .post(format!("{base}{path}"))
@@ -86,12 +96,7 @@ async fn a_failing_upstream_falls_back_to_the_local_engine() {
     let base = serve(state).await;
     let body =
         json!({"model": "large", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3});
-    let r = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = send(&base, "/v1/chat/completions", &body).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-osprey-model"], MODEL);
     assert_eq!(
@@ -139,12 +144,7 @@ async fn auto_picks_the_tier_by_task_and_says_why() {
         if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
             b.extend(e.clone());
         }
-        let r = reqwest::Client::new()
-            .post(format!("{base}/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = send(&base, "/v1/chat/completions", &body).await;
         assert_eq!(r.status(), 200);
         let h = |n: &str| r.headers()[n].to_str().unwrap().to_owned();
         (
@@ -211,12 +211,7 @@ async fn degradation_levels_trigger_and_clear() {
         body.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
-        let r = reqwest::Client::new()
-            .post(format!("{base}/v1/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = send(&base, "/v1/completions", &body).await;
         let degraded = r
             .headers()
             .get("x-osprey-degraded")

@@ -90,6 +90,11 @@ pub struct ServeArgs {
     /// is less sure of than this goes one tier up.
     #[arg(long, env = "OSPREY_AUTO_CONFIDENCE", default_value_t = 0.6)]
     pub auto_confidence: f64,
+    /// Time to first token (seconds) the degradation ladder holds to: as the recent TTFT of the
+    /// local engine nears it, output is capped, `auto` steps down and batch work is deferred, as
+    /// when requests in flight near --max-in-flight (default: TTFT is not watched).
+    #[arg(long, env = "OSPREY_TTFT_SLO")]
+    pub ttft_slo: Option<f64>,
     /// Where keys and state live (default: sqlite://$OSPREY_HOME/osprey.db).
     #[arg(long, env = "OSPREY_STORE")]
     pub store: Option<String>,

@@ -224,7 +224,12 @@ async fn serve(
         Some(tiers) => state.with_tiers(tiers),
         None => state,
     }
-    .with_store(store);
+    .with_store(store)
+    .with_ttft_slo(
+        (args.ttft_slo)
+            .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+            .filter(|s| !s.is_zero()),
+    );
 
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)

@@ -46,7 +46,8 @@ pub async fn chat_completions(
         engine,
         prompt_tokens: prompt.len(),
         logprobs: params.logprobs.is_some(),
-        timer: RequestTimer::new(&req.model, priority, usage),
+        timer: RequestTimer::new(&req.model, priority, usage)
+            .watched_by(state.degradation().clone()),
     };
     let deltas = merge(choices);
     if req.sampling.streaming() {

@@ -87,7 +87,8 @@ pub async fn completions(
             .map(|p| ChoiceState::new(p, req.echo))
             .collect(),
         top_logprobs: params.logprobs,
-        timer: RequestTimer::new(&req.model, priority, usage),
+        timer: RequestTimer::new(&req.model, priority, usage)
+            .watched_by(state.degradation().clone()),
     };
     let deltas = merge(choices);
     if req.sampling.streaming() {
