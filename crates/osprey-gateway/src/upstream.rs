@@ -3,6 +3,9 @@
 //! name), the response comes back byte for byte, streams chunk by chunk, over one pooled HTTP
 //! client. Upstream failures become clear errors in OpenAI's envelope.
 //!
+//! Every attempt of a request carries the same `x-request-id` (also on the response), so an
+//! upstream that deduplicates can tell a retry from a new request.
+//!
 //! Each upstream has a circuit breaker and a retry budget (`osprey-router`): a request that
 //! finds the upstream unreachable, or gets 502/503/504 before any byte reached the client, is
 //! retried after a jittered backoff while the budget allows (at most 10% of requests plus one a
@@ -143,8 +146,13 @@ impl Upstream {
         path: &str,
         body: Bytes,
         usage: Arc<UsageReport>,
-        headers: HeaderMap,
+        mut headers: HeaderMap,
     ) -> Result<Response, Error> {
+        // Every attempt carries the same id, so an upstream can tell a retry from a new request.
+        let request_id = headers
+            .entry(REQUEST_ID)
+            .or_insert_with(new_request_id)
+            .clone();
         let body = match &self.remote_model {
             Some(remote) => rename_model(&body, remote)?,
             None => body,
@@ -226,6 +234,7 @@ impl Upstream {
         };
         let mut out = Response::new(body);
         out.headers_mut().insert(header::CONTENT_TYPE, content_type);
+        out.headers_mut().insert(REQUEST_ID, request_id);
         if let Ok(name) = HeaderValue::from_str(&self.name) {
             out.headers_mut().insert(SERVED_BY, name);
         }
@@ -342,6 +351,16 @@ impl Upstream {
         metrics::counter!(names::UPSTREAM_REQUESTS, "model" => self.name.clone(), "outcome" => outcome)
             .increment(1);
     }
+}
+
+/// The header carrying the id of a forwarded request: the same on every attempt (retries,
+/// failover to another worker), and on the response.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// A fresh request id.
+pub fn new_request_id() -> HeaderValue {
+    HeaderValue::from_str(&format!("req_{:024x}", rand::random::<u128>() >> 32))
+        .expect("hex is a valid header value")
 }
 
 /// The header naming the model that served a response.

@@ -15,15 +15,24 @@ use axum::routing::post;
 use common::*;
 use serde_json::{Value, json};
 
+/// What an upstream received: how many requests, and their `x-request-id`s.
+#[derive(Default)]
+struct Seen {
+    count: AtomicUsize,
+    request_ids: std::sync::Mutex<Vec<String>>,
+}
+
 /// An upstream that answers 503 to its first `fail_first` requests, then succeeds; returns its
-/// base URL and the count of requests it received.
-async fn flaky_upstream(fail_first: usize) -> (String, Arc<AtomicUsize>) {
-    let seen = Arc::new(AtomicUsize::new(0));
+/// base URL and what it received.
+async fn flaky_upstream(fail_first: usize) -> (String, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
     let counter = seen.clone();
-    let chat = move || {
+    let chat = move |headers: axum::http::HeaderMap| {
         let counter = counter.clone();
         async move {
-            if counter.fetch_add(1, Ordering::SeqCst) < fail_first {
+            let id = headers.get("x-request-id").and_then(|v| v.to_str().ok());
+            (counter.request_ids.lock().unwrap()).push(id.unwrap_or_default().to_owned());
+            if counter.count.fetch_add(1, Ordering::SeqCst) < fail_first {
                 let e = json!({"error": {"message": "overloaded", "type": "server_error"}});
                 return (StatusCode::SERVICE_UNAVAILABLE, Json(e)).into_response();
             }
@@ -67,7 +76,17 @@ async fn a_failure_before_the_answer_is_retried() {
     let base = gateway_for("flaky", url).await;
     let r = chat(&base, None, hello("flaky")).await;
     assert_eq!(r.status(), 200, "the retry succeeded");
-    assert_eq!(seen.load(Ordering::SeqCst), 2, "one failure, one retry");
+    assert_eq!(
+        seen.count.load(Ordering::SeqCst),
+        2,
+        "one failure, one retry"
+    );
+    let ids = seen.request_ids.lock().unwrap().clone();
+    assert!(
+        !ids[0].is_empty() && ids[0] == ids[1],
+        "a retry is the same request: {ids:?}"
+    );
+    assert_eq!(r.headers()["x-request-id"].to_str().unwrap(), ids[0]);
     let retries = r#"osprey_upstream_retries_total{model="flaky"}"#;
     assert_eq!(metric(&base, retries).await, Some(1.0));
 }
@@ -93,7 +112,7 @@ async fn a_failing_upstream_gets_a_budget_of_retries_then_an_open_breaker() {
             .all(|o| *o == (503, "upstream_circuit_open".to_owned()))
     );
     // Without a budget 30 requests with 2 retries each would have been 90 attempts.
-    let attempts = seen.load(Ordering::SeqCst);
+    let attempts = seen.count.load(Ordering::SeqCst);
     assert_eq!(
         attempts, 5,
         "the breaker's threshold, retries included: {outcomes:?}"
@@ -144,8 +163,8 @@ async fn a_failing_model_falls_back_in_order_and_says_so() {
         "fallback from large: upstream_error"
     );
     // large and medium each failed once (no retries configured); small answered.
-    assert_eq!(down_seen.load(Ordering::SeqCst), 2);
-    assert_eq!(up_seen.load(Ordering::SeqCst), 1);
+    assert_eq!(down_seen.count.load(Ordering::SeqCst), 2);
+    assert_eq!(up_seen.count.load(Ordering::SeqCst), 1);
     // A model without fallbacks fails as it is.
     let (status, code) = error_code(chat(&base, None, hello("medium")).await).await;
     assert_eq!((status, code.as_str()), (502, "upstream_error"));

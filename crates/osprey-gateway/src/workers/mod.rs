@@ -165,6 +165,11 @@ impl WorkerPool {
             protocol::PRIORITY,
             HeaderValue::from_static(caller.tenant.priority.as_str()),
         );
+        // One id for every worker the request is tried on.
+        headers.insert(
+            crate::upstream::REQUEST_ID,
+            crate::upstream::new_request_id(),
+        );
         self.budget
             .lock()
             .expect("budget lock")
