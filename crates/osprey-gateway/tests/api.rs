@@ -258,27 +258,16 @@ async fn the_ladder_follows_the_requests_in_flight() {
     let base = serve(state).await;
     let long = json!({"model": MODEL, "prompt": "Hello", "max_tokens": 400, "ignore_eos": true,
                       "stream": true});
-    let client = reqwest::Client::new();
     let mut streams = Vec::new();
     for _ in 0..3 {
-        let r = client
-            .post(format!("{base}/v1/completions"))
-            .json(&long)
-            .send()
-            .await
-            .unwrap();
+        let r = send(&base, "/v1/completions", &long).await;
         assert_eq!(r.status(), 200);
         assert!(r.headers().get("x-osprey-degraded").is_none());
         streams.push(r);
     }
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
     let short = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1});
-    let r = client
-        .post(format!("{base}/v1/completions"))
-        .json(&short)
-        .send()
-        .await
-        .unwrap();
+    let r = send(&base, "/v1/completions", &short).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-osprey-degraded"], "2");
     drop(streams);

@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use osprey_core::{Error, ErrorKind, Priority};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{async_stream, chat, completions, generate, models, stream_response};
+use super::{async_stream, generate_for, models, stream_response};
 use crate::edge::Admitted;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -55,32 +55,18 @@ async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Response {
     let admitted = forwarded(&state, &headers);
-    generate(
-        state,
-        Some(admitted),
-        body,
-        "chat/completions",
-        chat::chat_completions,
-    )
-    .await
+    generate_for("/v1/chat/completions", state, admitted, body).await
 }
 
 async fn text_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Response {
     let admitted = forwarded(&state, &headers);
-    generate(
-        state,
-        Some(admitted),
-        body,
-        "completions",
-        completions::completions,
-    )
-    .await
+    generate_for("/v1/completions", state, admitted, body).await
 }
 
 fn engine(state: &AppState) -> Result<osprey_engine::Engine, ApiError> {
