@@ -82,7 +82,11 @@ pub const WORKER_PROMPT_BLOCKS: &str = "osprey_worker_prompt_blocks_total";
 pub const WORKER_FAILOVERS: &str = "osprey_worker_failovers_total";
 /// Counter: `auto` requests, by the tier chosen and the task the classifier saw.
 pub const AUTO_ROUTED: &str = "osprey_auto_routed_total";
-/// Gauge: the degradation ladder's level (0 none … 4), from the gateway's load.
+/// Gauge: the degradation ladder's level (0 none … 5), from the gateway's load.
 pub const DEGRADATION_LEVEL: &str = "osprey_degradation_level";
 /// Counter: responses degraded, by level.
 pub const DEGRADED: &str = "osprey_requests_degraded_total";
+/// Counter: repeats of an idempotent request given the first one's answer.
+pub const REPLAYED: &str = "osprey_requests_replayed_total";
+/// Counter: answers served from the recent answers, by why (`degraded`, `fallback`).
+pub const CACHED_ANSWERS: &str = "osprey_cached_answers_served_total";

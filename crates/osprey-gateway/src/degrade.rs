@@ -18,6 +18,8 @@ use osprey_router::degrade::{Ladder, LadderConfig};
 pub const DEGRADED: &str = "x-osprey-degraded";
 /// At level 1 and above, the largest `max_tokens` a request keeps.
 pub const DEGRADED_MAX_TOKENS: u64 = 256;
+/// At level 5, the largest `max_tokens` of a request not answered before: a partial answer.
+pub const DEGRADED_PARTIAL_MAX_TOKENS: u64 = 64;
 /// How often the load is sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 

@@ -16,6 +16,8 @@
 //! - [`state::AppState`]: the served models (the local engine, set once loading finishes, so
 //!   the server answers `/health` while the model loads; upstreams) and the edge;
 //! - [`degrade`]: the degradation ladder, driven by the load at the edge;
+//! - [`replay`]: idempotent requests answered once, and the recent answers the ladder and
+//!   fallback chains serve when generating is not an option;
 //! - [`metrics`]: Prometheus export and request histograms.
 //!
 //! ```no_run
@@ -37,6 +39,7 @@ pub mod error;
 pub mod generation;
 pub mod limits;
 pub mod metrics;
+pub mod replay;
 pub mod routes;
 pub mod state;
 pub mod upstream;

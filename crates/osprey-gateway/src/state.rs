@@ -10,6 +10,7 @@ use osprey_engine::Engine;
 
 use crate::degrade::Degradation;
 use crate::edge::Edge;
+use crate::replay::Answers;
 use crate::upstream::Upstream;
 use crate::workers::WorkerPool;
 use osprey_router::tiers::Tiers;
@@ -28,6 +29,10 @@ struct Inner {
     pool: Option<Arc<WorkerPool>>,
     tiers: Option<Tiers>,
     degradation: Arc<Degradation>,
+    /// Answers of idempotent requests.
+    replays: Answers,
+    /// Recent successful answers, by request.
+    recent: Answers,
     store: Option<Store>,
     batch_added: Notify,
     edge: Arc<Edge>,
@@ -74,6 +79,8 @@ impl AppState {
                 pool: None,
                 tiers: None,
                 degradation: Arc::default(),
+                replays: Answers::default(),
+                recent: Answers::default(),
                 store: None,
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
@@ -140,6 +147,16 @@ impl AppState {
         let inner = Arc::get_mut(&mut self.inner).expect("with_ttft_slo before sharing");
         inner.degradation = Arc::new(Degradation::new(slo));
         self
+    }
+
+    /// The answers of idempotent requests ([`crate::replay`]).
+    pub fn replays(&self) -> &Answers {
+        &self.inner.replays
+    }
+
+    /// The recent successful answers ([`crate::replay`]).
+    pub fn recent(&self) -> &Answers {
+        &self.inner.recent
     }
 
     /// The tiers of `auto`, if configured.

@@ -203,7 +203,7 @@ async fn degradation_levels_trigger_and_clear() {
         app,
         std::future::pending(),
     ));
-    let spike = ladder.degradation().observe(0.95);
+    let spike = ladder.degradation().observe(0.92);
     assert_eq!(spike, 4);
     let ask = async |extra: Value| {
         let mut body = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 300,
@@ -229,12 +229,58 @@ async fn degradation_levels_trigger_and_clear() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(degraded.as_deref(), Some("4"));
     assert_eq!(body["usage"]["completion_tokens"], 256, "max_tokens capped");
+    // Level 5: the request answered before gets that answer again; a new one a partial answer.
+    assert_eq!(ladder.degradation().observe(0.97), 5);
+    let (status, degraded, again) = ask(json!({})).await;
+    assert_eq!((status, degraded.as_deref()), (200, Some("5")));
+    assert_eq!(again, body, "the same answer");
+    let (status, degraded, partial) = ask(json!({"prompt": "The weather today"})).await;
+    assert_eq!((status, degraded.as_deref()), (200, Some("5")));
+    assert_eq!(
+        partial["usage"]["completion_tokens"], 64,
+        "a partial answer"
+    );
     // Load falls: every level clears.
     assert_eq!(ladder.degradation().observe(0.1), 0);
     let (status, degraded, body) = ask(json!({"max_tokens": 260})).await;
     assert_eq!(status, 200);
     assert_eq!(degraded, None);
     assert_eq!(body["usage"]["completion_tokens"], 260);
+}
+
+/// A request sent twice with one `Idempotency-Key` (a client's retry) is generated once: the
+/// repeat, even while the first is still generating, gets the same answer, marked replayed.
+#[tokio::test]
+async fn a_named_request_is_generated_once() {
+    let base = server().await;
+    let body = json!({"model": MODEL, "prompt": "My favourite colour is", "max_tokens": 24,
+                      "temperature": 1.0, "ignore_eos": true});
+    let ask = async |key: &str, body: &Value| {
+        let r = reqwest::Client::new()
+            .post(format!("{base}/v1/completions"))
+            .header("idempotency-key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let replayed = r.headers().contains_key("x-osprey-replayed");
+        (r.json::<Value>().await.unwrap(), replayed)
+    };
+    let (a, b) = tokio::join!(ask("order-7", &body), ask("order-7", &body));
+    assert_eq!(a.0, b.0, "one generation, sampled once");
+    assert!(a.1 != b.1, "exactly one is the replay");
+    let (later, replayed) = ask("order-7", &body).await;
+    assert_eq!((later, replayed), (a.0.clone(), true));
+    // Another key, or another body under the same key, is another request.
+    let (other, replayed) = ask("order-8", &body).await;
+    assert!(!replayed);
+    assert_ne!(other["id"], a.0["id"]);
+    let mut changed = body.clone();
+    changed["max_tokens"] = 5.into();
+    let (other, replayed) = ask("order-7", &changed).await;
+    assert!(!replayed);
+    assert_eq!(other["usage"]["completion_tokens"], 5);
 }
 
 /// The ladder follows the real load: with 3 of 4 seats in flight (75%), a request is served at

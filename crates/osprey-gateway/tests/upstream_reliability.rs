@@ -25,14 +25,23 @@ struct Seen {
 /// An upstream that answers 503 to its first `fail_first` requests, then succeeds; returns its
 /// base URL and what it received.
 async fn flaky_upstream(fail_first: usize) -> (String, Arc<Seen>) {
+    scripted_upstream(move |n| n < fail_first).await
+}
+
+/// An upstream that answers its `n`th request (from 0) with 503 when `fails(n)`, else with a
+/// completion; returns its base URL and what it received.
+async fn scripted_upstream(
+    fails: impl Fn(usize) -> bool + Clone + Send + Sync + 'static,
+) -> (String, Arc<Seen>) {
     let seen = Arc::new(Seen::default());
     let counter = seen.clone();
     let chat = move |headers: axum::http::HeaderMap| {
         let counter = counter.clone();
+        let fails = fails.clone();
         async move {
             let id = headers.get("x-request-id").and_then(|v| v.to_str().ok());
             (counter.request_ids.lock().unwrap()).push(id.unwrap_or_default().to_owned());
-            if counter.count.fetch_add(1, Ordering::SeqCst) < fail_first {
+            if fails(counter.count.fetch_add(1, Ordering::SeqCst)) {
                 let e = json!({"error": {"message": "overloaded", "type": "server_error"}});
                 return (StatusCode::SERVICE_UNAVAILABLE, Json(e)).into_response();
             }
@@ -172,6 +181,37 @@ async fn a_failing_model_falls_back_in_order_and_says_so() {
     let r = chat(&base, None, hello("small")).await;
     assert_eq!(r.headers()["x-osprey-model"], "small");
     assert!(r.headers().get("x-osprey-route-reason").is_none());
+}
+
+/// The last step of a fallback chain: when the backend fails, a request answered before is
+/// given that answer again (and says so); one never answered gets the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_request_answered_before_gets_that_answer() {
+    let (url, seen) = scripted_upstream(|n| n >= 1).await;
+    let base = gateway_for("fading", url).await;
+    let first = chat(&base, None, hello("fading")).await;
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("x-osprey-cache").is_none());
+    let first: Value = first.json().await.unwrap();
+    let again = chat(&base, None, hello("fading")).await;
+    assert_eq!(again.status(), 200, "served from the recent answers");
+    assert_eq!(again.headers()["x-osprey-cache"], "hit");
+    assert_eq!(
+        again.headers()["x-osprey-route-reason"],
+        "cached answer: upstream_error"
+    );
+    assert_eq!(again.json::<Value>().await.unwrap(), first);
+    let mut other = hello("fading");
+    other["messages"][0]["content"] = "Something else".into();
+    let r = chat(&base, None, other).await;
+    assert!(r.headers().get("x-osprey-cache").is_none());
+    let (status, code) = error_code(r).await;
+    // Its own failure, or the breaker the failures before it opened.
+    assert!(status >= 502, "{status} {code}");
+    assert!(code.starts_with("upstream_"), "{code}");
+    assert!(seen.count.load(Ordering::SeqCst) >= 2);
+    let served = r#"osprey_cached_answers_served_total{why="fallback"}"#;
+    assert_eq!(metric(&base, served).await, Some(1.0));
 }
 
 #[test]

@@ -7,6 +7,7 @@
 //! | 2 | `auto` requests go one tier smaller |
 //! | 3 | expensive modes off: `auto` never escalates (reasoning, premium, low confidence) |
 //! | 4 | non-urgent (batch) work is turned away with `retry-after`, to come back later |
+//! | 5 | a request answered recently is given that answer again; others get a partial answer (a much smaller `max_tokens`) |
 //!
 //! The load is a utilisation in 0..=1 (requests in flight over the gateway's limit). A level is
 //! entered when the load reaches its threshold and left only when the load falls a margin below
@@ -16,8 +17,8 @@
 /// Thresholds of the levels.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LadderConfig {
-    /// The load at which levels 1, 2, 3 and 4 begin.
-    pub enter: [f64; 4],
+    /// The load at which levels 1 to 5 begin.
+    pub enter: [f64; MAX_LEVEL as usize],
     /// How far below its threshold the load must fall to leave a level.
     pub margin: f64,
 }
@@ -25,14 +26,14 @@ pub struct LadderConfig {
 impl Default for LadderConfig {
     fn default() -> Self {
         Self {
-            enter: [0.6, 0.7, 0.8, 0.9],
+            enter: [0.6, 0.7, 0.8, 0.9, 0.95],
             margin: 0.05,
         }
     }
 }
 
 /// The highest level.
-pub const MAX_LEVEL: u8 = 4;
+pub const MAX_LEVEL: u8 = 5;
 
 /// The ladder's state: the current level.
 #[derive(Clone, Debug)]
@@ -85,7 +86,9 @@ mod tests {
         let mut l = Ladder::new(LadderConfig::default());
         assert_eq!(l.observe(0.3), 0);
         assert_eq!(l.observe(0.65), 1);
-        assert_eq!(l.observe(0.95), 4, "a spike jumps straight up");
+        assert_eq!(l.observe(0.97), 5, "a spike jumps straight up");
+        assert_eq!(l.observe(0.92), 5, "within the margin: stays");
+        assert_eq!(l.observe(0.89), 4);
         assert_eq!(l.observe(0.88), 4, "within the margin: stays");
         assert_eq!(l.observe(0.84), 3);
         assert_eq!(l.observe(0.76), 3);
@@ -95,6 +98,7 @@ mod tests {
 
     #[test]
     fn premium_tenants_are_degraded_last() {
+        assert_eq!(level_for(5, true), 3);
         assert_eq!(level_for(4, true), 2);
         assert_eq!(level_for(1, true), 0);
         assert_eq!(level_for(3, false), 3);

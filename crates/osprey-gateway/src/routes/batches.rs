@@ -342,7 +342,14 @@ async fn run_line(
             model: model.clone(),
             usage: Default::default(),
         });
-        let response = super::generate_for(endpoint, state.clone(), admitted, body.clone()).await;
+        let response = super::generate_for(
+            endpoint,
+            state.clone(),
+            admitted,
+            &Default::default(),
+            body.clone(),
+        )
+        .await;
         let status = response.status();
         let deferred = status == StatusCode::SERVICE_UNAVAILABLE;
         let bytes = axum::body::to_bytes(response.into_body(), 64 << 20)

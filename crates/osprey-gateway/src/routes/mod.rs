@@ -16,16 +16,17 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Extension, State};
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::{Stream, StreamExt};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::degrade::{DEGRADED, DEGRADED_MAX_TOKENS};
+use crate::degrade::{DEGRADED, DEGRADED_MAX_TOKENS, DEGRADED_PARTIAL_MAX_TOKENS};
 use crate::edge::{Admitted, Caller, EdgeLayer, UsageReport};
 use crate::error::{ApiError, not_found, panic_response};
+use crate::replay;
 use crate::state::{AppState, Backend};
 use crate::upstream::{self, ROUTE_REASON, SERVED_BY, Upstream, warrants_fallback};
 use osprey_engine::Prompter;
@@ -113,7 +114,9 @@ pub trait Routed: osprey_core::api::ApiRequest {
 
 /// Sends a generation request where its model is served (for `auto`, the model of the tier the
 /// router picks; the response names the tier in `x-osprey-tier`), degraded as the ladder's
-/// level says (`x-osprey-degraded`).
+/// level says (`x-osprey-degraded`). A non-streamed request's successful answer is kept among
+/// the recent answers: at level 5, and when every backend failed, the same request is given
+/// it again ([`crate::replay`]).
 async fn generate<R: Routed>(
     state: AppState,
     admitted: Option<Extension<Admitted>>,
@@ -124,12 +127,31 @@ async fn generate<R: Routed>(
     let mut admitted = admitted.map_or_else(|| state.edge().unguarded(), |a| a.0);
     let tenant = admitted.caller.tenant.clone();
     let level = degrade::level_for(state.degradation().level(), tenant.premium);
+    let recent =
+        (!replay::is_streamed(&body)).then(|| replay::key(&tenant.cache_salt, path, "", &body));
+    let cached = |why: &'static str| {
+        let answer = state.recent().get(recent.as_ref()?)?;
+        metrics::counter!(osprey_core::metrics::CACHED_ANSWERS, "why" => why).increment(1);
+        let mut response = answer.marked(replay::CACHE, "hit");
+        response.headers_mut().remove(DEGRADED);
+        Some(response)
+    };
     let mut body = body;
+    if level >= 5
+        && let Some(mut response) = cached("degraded")
+    {
+        degraded(&mut response, level);
+        return Ok(response);
+    }
     if level >= 4 && crate::degrade::is_batch(&body, tenant.priority) {
         return Err(crate::degrade::deferred().into());
     }
+    let cap = match level {
+        5.. => DEGRADED_PARTIAL_MAX_TOKENS,
+        _ => DEGRADED_MAX_TOKENS,
+    };
     if level >= 1
-        && let Some(capped) = crate::degrade::cap_max_tokens(&body, DEGRADED_MAX_TOKENS)
+        && let Some(capped) = crate::degrade::cap_max_tokens(&body, cap)
     {
         body = capped;
     }
@@ -137,19 +159,31 @@ async fn generate<R: Routed>(
         Some(auto::AUTO) => Some(auto::route(state.tiers(), &admitted.caller, &body, level)?),
         _ => None,
     };
-    let mut response = match &routed {
+    let dispatched = match &routed {
         Some(routed) => {
             admitted.model = Some(routed.model.clone());
-            dispatch(state, admitted, routed.body.clone(), path, local).await?
+            dispatch(state.clone(), admitted, routed.body.clone(), path, local).await
         }
-        None => dispatch(state, admitted, body, path, local).await?,
+        None => dispatch(state.clone(), admitted, body, path, local).await,
     };
+    let mut response = match dispatched {
+        Ok(response) => response,
+        // The last step of every fallback chain: the answer given to this request before.
+        Err(e) if warrants_fallback(&e.0) => match cached("fallback") {
+            Some(mut response) => {
+                let why = format!("cached answer: {}", e.0.code.as_deref().unwrap_or("failed"));
+                if let Ok(why) = HeaderValue::from_str(&why) {
+                    response.headers_mut().insert(ROUTE_REASON, why);
+                }
+                degraded(&mut response, level);
+                return Ok(response);
+            }
+            None => return Err(e),
+        },
+        Err(e) => return Err(e),
+    };
+    degraded(&mut response, level);
     let headers = response.headers_mut();
-    if level > 0 {
-        metrics::counter!(osprey_core::metrics::DEGRADED, "level" => level.to_string())
-            .increment(1);
-        headers.insert(DEGRADED, HeaderValue::from(u16::from(level)));
-    }
     if let Some(routed) = routed {
         let reason = match headers.get(ROUTE_REASON).and_then(|r| r.to_str().ok()) {
             Some(then) => format!("{}; {then}", routed.reason),
@@ -164,7 +198,19 @@ async fn generate<R: Routed>(
             headers.insert(ROUTE_REASON, reason);
         }
     }
-    Ok(response)
+    Ok(match recent {
+        Some(key) => state.recent().keep(key, response).await,
+        None => response,
+    })
+}
+
+/// Marks `response` degraded to `level`, if it was, and counts it.
+fn degraded(response: &mut Response, level: u8) {
+    if level > 0 {
+        metrics::counter!(osprey_core::metrics::DEGRADED, "level" => level.to_string())
+            .increment(1);
+        (response.headers_mut()).insert(DEGRADED, HeaderValue::from(u16::from(level)));
+    }
 }
 
 /// Sends a generation request where its model is served: through an upstream as it is (or
@@ -279,68 +325,62 @@ async fn forward(
     Err(error)
 }
 
-/// A generation request for `endpoint` (`/v1/chat/completions` or `/v1/completions`) made
-/// inside the server (a batch line), as its route would answer it.
+/// A generation request for `endpoint` (`/v1/chat/completions` or `/v1/completions`), as its
+/// route answers it: once, if `headers` name it ([`replay::idempotency_key`]).
 pub(crate) async fn generate_for(
     endpoint: &str,
     state: AppState,
     admitted: Extension<Admitted>,
+    headers: &HeaderMap,
     body: Bytes,
 ) -> Response {
+    let scope = admitted.caller.tenant.cache_salt.clone();
+    let key = replay::idempotency_key(headers, &scope, endpoint, &body);
     let admitted = Some(admitted);
-    let answer = match endpoint {
-        "/v1/chat/completions" => {
-            generate(
-                state,
-                admitted,
-                body,
-                "chat/completions",
-                chat::chat_completions,
-            )
-            .await
-        }
-        _ => {
-            generate(
-                state,
-                admitted,
-                body,
-                "completions",
-                completions::completions,
-            )
-            .await
-        }
+    let answer = async {
+        let answer = match endpoint {
+            "/v1/chat/completions" => {
+                let path = "chat/completions";
+                generate(state.clone(), admitted, body, path, chat::chat_completions).await
+            }
+            _ => {
+                let path = "completions";
+                generate(
+                    state.clone(),
+                    admitted,
+                    body,
+                    path,
+                    completions::completions,
+                )
+                .await
+            }
+        };
+        answer.into_response()
     };
-    answer.into_response()
+    match key {
+        Some(key) => state.replays().once(key, answer).await,
+        None => answer.await,
+    }
 }
 
 async fn chat_completions(
     State(state): State<AppState>,
     admitted: Option<Extension<Admitted>>,
+    headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, ApiError> {
-    generate(
-        state,
-        admitted,
-        body,
-        "chat/completions",
-        chat::chat_completions,
-    )
-    .await
+) -> Response {
+    let admitted = admitted.unwrap_or_else(|| Extension(state.edge().unguarded()));
+    generate_for("/v1/chat/completions", state, admitted, &headers, body).await
 }
 
 async fn completions(
     State(state): State<AppState>,
     admitted: Option<Extension<Admitted>>,
+    headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, ApiError> {
-    generate(
-        state,
-        admitted,
-        body,
-        "completions",
-        completions::completions,
-    )
-    .await
+) -> Response {
+    let admitted = admitted.unwrap_or_else(|| Extension(state.edge().unguarded()));
+    generate_for("/v1/completions", state, admitted, &headers, body).await
 }
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {

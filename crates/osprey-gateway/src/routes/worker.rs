@@ -57,7 +57,7 @@ async fn chat_completions(
     body: Bytes,
 ) -> Response {
     let admitted = forwarded(&state, &headers);
-    generate_for("/v1/chat/completions", state, admitted, body).await
+    generate_for("/v1/chat/completions", state, admitted, &headers, body).await
 }
 
 async fn text_completions(
@@ -66,7 +66,7 @@ async fn text_completions(
     body: Bytes,
 ) -> Response {
     let admitted = forwarded(&state, &headers);
-    generate_for("/v1/completions", state, admitted, body).await
+    generate_for("/v1/completions", state, admitted, &headers, body).await
 }
 
 fn engine(state: &AppState) -> Result<osprey_engine::Engine, ApiError> {
