@@ -19,6 +19,8 @@ pub struct TenantConfig {
     pub max_concurrent: Option<u64>,
     /// Models the tenant may use (default: all).
     pub models: Option<Vec<String>>,
+    /// The model of its requests that name none, e.g. `auto` to let the router choose.
+    pub default_model: Option<String>,
     /// Largest `max_tokens` a request may ask for; larger ones are clamped to it.
     pub max_tokens: Option<u64>,
     /// Scheduling class of requests that don't ask for one.
@@ -135,6 +137,8 @@ pub struct Tenant {
     pub max_concurrent: u64,
     /// Allowed models (`None`: all).
     pub models: Option<Vec<String>>,
+    /// The model of requests that name none.
+    pub default_model: Option<String>,
     /// `max_tokens` cap.
     pub max_tokens: Option<u64>,
     /// Default priority.
@@ -157,6 +161,7 @@ impl EdgeConfig {
             tpm: t.tpm.unwrap_or(self.limits.tpm),
             max_concurrent: t.max_concurrent.unwrap_or(self.limits.max_concurrent),
             models: t.models,
+            default_model: t.default_model,
             max_tokens: t.max_tokens,
             priority: t.priority.unwrap_or_default(),
             policy: t.policy,

@@ -252,10 +252,21 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
     // one request.
     let view: BodyView = serde_json::from_slice(&bytes).unwrap_or_default();
     let tenant = &caller.tenant;
-    let model = view.model.as_ref().and_then(|m| m.as_str()).unwrap_or("");
+    let mut model = view
+        .model
+        .as_ref()
+        .and_then(|m| m.as_str())
+        .unwrap_or("")
+        .to_owned();
+    if model.is_empty()
+        && let Some(default) = &tenant.default_model
+        && let Some(named) = with_model(&bytes, default)
+    {
+        (bytes, model) = (named, default.clone());
+    }
     if let Some(allowed) = &tenant.models
         && !model.is_empty()
-        && !allowed.iter().any(|m| m == model)
+        && !allowed.iter().any(|m| *m == model)
     {
         let e = Error::new(
             ErrorKind::Forbidden,
@@ -330,7 +341,7 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
     let usage = Arc::new(UsageReport::default());
     parts.extensions.insert(Admitted {
         caller,
-        model: (!model.is_empty()).then(|| model.to_owned()),
+        model: (!model.is_empty()).then_some(model),
         usage: usage.clone(),
     });
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
@@ -402,6 +413,13 @@ fn refusal(tenant: &Tenant, buckets: &[Bucket], decision: &Decision) -> Error {
 }
 
 /// Sets the body's `max_tokens` (or `max_completion_tokens`, whichever it uses) to `cap`.
+/// `bytes` (a JSON object) naming `model`.
+fn with_model(bytes: &Bytes, model: &str) -> Option<Bytes> {
+    let mut v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    v.as_object_mut()?.insert("model".to_owned(), model.into());
+    Some(serde_json::to_vec(&v).ok()?.into())
+}
+
 pub(crate) fn clamp_max_tokens(bytes: &Bytes, cap: u64) -> Option<Bytes> {
     let mut v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
     let obj = v.as_object_mut()?;

@@ -402,7 +402,13 @@ pub fn warrants_fallback(e: &Error) -> bool {
 pub(crate) fn rename_model(body: &Bytes, remote: &str) -> Result<Bytes, Error> {
     let mut v: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| Error::invalid("body", format!("The request body is not valid JSON: {e}")))?;
-    v["model"] = remote.into();
+    let Some(object) = v.as_object_mut() else {
+        return Err(Error::invalid(
+            "body",
+            "The request body must be a JSON object.",
+        ));
+    };
+    object.insert("model".to_owned(), remote.into());
     Ok(serde_json::to_vec(&v)
         .expect("a JSON value serialises")
         .into())

@@ -148,6 +148,7 @@ async fn tenants_are_shaped_models_allowed_and_max_tokens_clamped() {
     let t = unique("shaped");
     let shaped = TenantConfig {
         models: Some(vec!["mock".into()]),
+        default_model: Some("mock".into()),
         max_tokens: Some(5),
         ..TenantConfig::default()
     };
@@ -169,6 +170,11 @@ async fn tenants_are_shaped_models_allowed_and_max_tokens_clamped() {
         r["choices"][0]["message"]["content"], "max_tokens=5",
         "clamped to the cap"
     );
+    let mut unnamed = hello("mock");
+    unnamed.as_object_mut().unwrap().remove("model");
+    let r = chat(&base, Some(&key), unnamed).await;
+    assert_eq!(r.status(), 200, "the tenant's default model");
+    assert_eq!(r.headers()["x-osprey-model"], "mock");
     let r = chat(&base, Some(&key), hello("other")).await;
     assert_eq!(r.status(), 403);
     let e: Value = r.json().await.unwrap();

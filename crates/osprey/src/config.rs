@@ -15,6 +15,7 @@
 //! models = ["smollm2-135m-instruct"]
 //! max_tokens = 512
 //! priority = "interactive"
+//! default_model = "auto"      # for requests that name no model
 //!
 //! [models.llama-70b]
 //! url = "http://10.0.0.5:8000/v1"
@@ -219,6 +220,8 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
         .map_err(|(name, why)| at_model(&name, why))?;
     crate::serve::tiers(&file, args.auto_confidence, &upstreams, local.as_deref())
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    crate::serve::check_default_models(&file, &upstreams, local.as_deref())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     println!(
         "{}: ok ({} tenants, {} upstream models, {} tiers, store {}, limits {})",
         path.display(),
@@ -296,6 +299,10 @@ mod tests {
         assert!(e.to_string().contains("listed twice"), "{e}");
         let typo = format!("{big}[[tiers]]\nname = \"small\"\nmodle = \"big\"\n");
         assert!(check(&file(&typo)).is_err());
+        let auto = "[tenants.acme]\ndefault_model = \"auto\"\n";
+        check(&file(&format!("{auto}{big}{tiers}"))).unwrap();
+        let e = check(&file(&format!("{auto}{big}"))).unwrap_err();
+        assert!(e.to_string().contains("auto needs [[tiers]]"), "{e}");
     }
 
     #[test]

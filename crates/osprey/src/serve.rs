@@ -101,6 +101,33 @@ pub fn tiers(
         .map_err(|e| anyhow::anyhow!("[[tiers]]: {e}"))
 }
 
+/// Checks that every tenant's `default_model` is served here (an upstream, `local`, or `auto`
+/// when there are tiers).
+pub fn check_default_models(
+    file: &ConfigFile,
+    upstreams: &[Upstream],
+    local: Option<&str>,
+) -> anyhow::Result<()> {
+    for (tenant, t) in &file.tenants {
+        let Some(model) = &t.default_model else {
+            continue;
+        };
+        let served = local == Some(model.as_str())
+            || upstreams.iter().any(|u| &u.name == model)
+            || (model == osprey_gateway::routes::auto::AUTO && !file.tiers.is_empty());
+        anyhow::ensure!(
+            served,
+            "tenant `{tenant}`: default_model `{model}` is not served here{}",
+            if model == osprey_gateway::routes::auto::AUTO {
+                " (auto needs [[tiers]])"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
 /// The store URL: `--store`, or the default SQLite file under `$OSPREY_HOME`.
 pub fn store_url(flag: &Option<String>) -> anyhow::Result<String> {
     Ok(match flag {
@@ -186,6 +213,7 @@ async fn serve(
     osprey_gateway::upstream::check_fallbacks(&upstreams, local_name)
         .map_err(|(_, why)| anyhow::anyhow!(why))?;
     let tiers = tiers(&file, args.auto_confidence, &upstreams, local_name)?;
+    check_default_models(&file, &upstreams, local_name)?;
     let store_url = store_url(&args.store)?;
     let store = Store::open(&store_url)
         .await
