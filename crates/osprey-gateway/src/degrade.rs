@@ -1,8 +1,8 @@
 //! The degradation ladder in the gateway (`osprey-router`'s [`Ladder`] decides the level).
 //! The load observed every [`SAMPLE_EVERY`] is the larger of two shares of a budget: requests in
 //! flight over `--max-in-flight` (queue depth), and, when `--ttft-slo` is set, the recent time
-//! to first token of the local engine's requests over it (a moving average, fading while
-//! nothing is measured). A
+//! to first token over it: of the local engine's requests, or the slowest a worker of the pool
+//! reports of its own (each a moving average, fading while nothing is measured). A
 //! request admitted while the ladder is up is degraded as its level says (premium tenants two
 //! levels less) and its response carries `x-osprey-degraded: LEVEL`.
 
@@ -62,14 +62,22 @@ impl Degradation {
         t.1 = true;
     }
 
+    /// The recent time to first token here (a moving average).
+    pub fn recent_ttft(&self) -> Duration {
+        Duration::from_secs_f64(self.ttft.lock().expect("ttft lock").0)
+    }
+
     /// The load to observe: the larger of `in_flight_share` and the recent TTFT's share of the
-    /// SLO, if one is set (the TTFT average fades while no request measures it).
-    pub fn load(&self, in_flight_share: f64) -> f64 {
+    /// SLO, if one is set: this server's, or `elsewhere` (the slowest its workers report) if
+    /// that is longer. Called once per sample: the TTFT average fades while no request
+    /// measures it.
+    pub fn load(&self, in_flight_share: f64, elsewhere: Duration) -> f64 {
         let mut t = self.ttft.lock().expect("ttft lock");
         if !std::mem::take(&mut t.1) {
             t.0 *= TTFT_FADE;
         }
-        let ttft_share = self.ttft_slo.map_or(0.0, |slo| t.0 / slo.as_secs_f64());
+        let ttft = t.0.max(elsewhere.as_secs_f64());
+        let ttft_share = self.ttft_slo.map_or(0.0, |slo| ttft / slo.as_secs_f64());
         in_flight_share.max(ttft_share)
     }
 
@@ -136,18 +144,27 @@ mod tests {
     fn slow_first_tokens_raise_the_load_and_fade_when_they_stop() {
         let unwatched = Degradation::default();
         unwatched.record_ttft(Duration::from_secs(30));
-        assert_eq!(unwatched.load(0.1), 0.1, "no SLO: TTFT is not a load");
+        assert_eq!(
+            unwatched.load(0.1, Duration::ZERO),
+            0.1,
+            "no SLO: TTFT is not a load"
+        );
         let d = Degradation::new(Some(Duration::from_secs(1)));
-        assert_eq!(d.load(0.1), 0.1);
+        assert_eq!(d.load(0.1, Duration::ZERO), 0.1);
+        let slow_worker = d.load(0.1, Duration::from_millis(850));
+        assert!(
+            (slow_worker - 0.85).abs() < 1e-9,
+            "a worker's TTFT counts: {slow_worker}"
+        );
         for _ in 0..20 {
             d.record_ttft(Duration::from_millis(950));
         }
-        let load = d.load(0.1);
+        let load = d.load(0.1, Duration::ZERO);
         assert!(load > 0.9, "TTFT near the SLO is a full load: {load}");
         assert_eq!(d.observe(load), 4);
         let mut faded = load;
         for _ in 0..10 {
-            faded = d.load(0.1);
+            faded = d.load(0.1, Duration::ZERO);
         }
         assert!(faded < 0.2, "no requests, no TTFT pressure: {faded}");
         assert_eq!(d.observe(faded), 0);

@@ -266,7 +266,7 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
     }
     if let Some(allowed) = &tenant.models
         && !model.is_empty()
-        && !allowed.iter().any(|m| *m == model)
+        && !allowed.contains(&model)
     {
         let e = Error::new(
             ErrorKind::Forbidden,

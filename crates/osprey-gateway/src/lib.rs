@@ -48,6 +48,8 @@ pub mod workers;
 pub use routes::{HttpConfig, router, worker_router};
 pub use state::AppState;
 
+use std::time::Duration;
+
 /// Serves the API on `listener` until `shutdown` completes, then finishes in-flight requests.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -55,22 +57,42 @@ pub async fn serve(
     config: &HttpConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let sampled = state.clone();
-    let sampler = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(degrade::SAMPLE_EVERY);
-        loop {
-            tick.tick().await;
-            let edge = sampled.edge();
-            let max = edge.config().admission.max_in_flight.max(1) as f64;
-            let degradation = sampled.degradation();
-            degradation.observe(degradation.load(edge.in_flight() as f64 / max));
-        }
-    });
+    let sampler = sample_load(state.clone());
     let batches = tokio::spawn(routes::batches::run_batches(state.clone()));
     let served = serve_router(listener, router(state, config), shutdown).await;
     sampler.abort();
     batches.abort();
     served
+}
+
+/// Serves an `osprey worker`'s routes on `listener` until `shutdown` completes, then finishes
+/// in-flight requests.
+pub async fn serve_worker(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    config: &HttpConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    // Keeps the worker's TTFT average current, for the gateways it reports it to.
+    let sampler = sample_load(state.clone());
+    let served = serve_router(listener, worker_router(state, config), shutdown).await;
+    sampler.abort();
+    served
+}
+
+/// Feeds the degradation ladder the load every [`degrade::SAMPLE_EVERY`].
+fn sample_load(state: AppState) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(degrade::SAMPLE_EVERY);
+        loop {
+            tick.tick().await;
+            let edge = state.edge();
+            let max = edge.config().admission.max_in_flight.max(1) as f64;
+            let elsewhere = state.pool().map_or(Duration::ZERO, |p| p.reported_ttft());
+            let degradation = state.degradation();
+            degradation.observe(degradation.load(edge.in_flight() as f64 / max, elsewhere));
+        }
+    })
 }
 
 /// Serves `app` (from [`router`] or [`worker_router`]) on `listener` until `shutdown`

@@ -24,8 +24,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         let http = HttpConfig {
             max_body_bytes: args.max_body_bytes,
         };
-        let app = osprey_gateway::worker_router(state, &http);
-        osprey_gateway::serve_router(listener, app, shutdown_signal()).await?;
+        osprey_gateway::serve_worker(listener, state, &http, shutdown_signal()).await?;
         Ok(())
     })
 }

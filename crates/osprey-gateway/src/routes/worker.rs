@@ -82,19 +82,24 @@ fn engine(state: &AppState) -> Result<osprey_engine::Engine, ApiError> {
 
 /// `GET /worker/load`.
 async fn load(State(state): State<AppState>) -> Result<Response, ApiError> {
-    Ok(axum::Json(Load::of(engine(&state)?.stats())).into_response())
+    Ok(axum::Json(Load::of(
+        engine(&state)?.stats(),
+        state.degradation().recent_ttft(),
+    ))
+    .into_response())
 }
 
 /// `GET /worker/events`: a snapshot of the prefix cache, then its changes and the load.
 async fn events(State(state): State<AppState>) -> Result<Response, ApiError> {
     let engine = engine(&state)?;
+    let ladder = state.degradation().clone();
     let stream = async_stream(move |tx| async move {
         loop {
             let (snapshot, mut batches) = engine.kv_events().subscribe();
             let snapshot = Snapshot {
                 seq: snapshot.seq,
                 blocks: snapshot.blocks,
-                load: Load::of(engine.stats()),
+                load: Load::of(engine.stats(), ladder.recent_ttft()),
             };
             tx.send(named("snapshot", &snapshot)).await?;
             let mut tick = tokio::time::interval(LOAD_INTERVAL);
@@ -112,7 +117,7 @@ async fn events(State(state): State<AppState>) -> Result<Response, ApiError> {
                     },
                     _ = tick.tick() => {
                         // When it changed, and every second as a heartbeat.
-                        let load = Load::of(engine.stats());
+                        let load = Load::of(engine.stats(), ladder.recent_ttft());
                         if load != sent || sent_at.elapsed() >= HEARTBEAT {
                             (sent, sent_at) = (load, tokio::time::Instant::now());
                             tx.send(named("load", &load)).await?;

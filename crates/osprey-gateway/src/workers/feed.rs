@@ -89,6 +89,7 @@ impl WorkerPool {
             worker
                 .reported
                 .store(load.running + load.waiting, Ordering::Relaxed);
+            worker.ttft_ms.store(load.ttft_ms, Ordering::Relaxed);
             if !worker.live.swap(true, Ordering::Relaxed) {
                 tracing::info!(worker = %worker.url, "worker live");
                 metrics::gauge!(names::WORKER_LIVE, "worker" => worker.url.clone()).set(1.0);

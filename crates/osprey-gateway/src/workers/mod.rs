@@ -18,7 +18,7 @@
 mod feed;
 pub mod protocol;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -59,6 +59,8 @@ struct Worker {
     live: AtomicBool,
     /// Sequences running and waiting there, as it last said.
     reported: AtomicUsize,
+    /// Its recent time to first token (ms), as it last said.
+    ttft_ms: AtomicU64,
     /// Requests this gateway has in flight there.
     in_flight: Arc<AtomicUsize>,
 }
@@ -101,6 +103,7 @@ impl WorkerPool {
                     upstream,
                     live: AtomicBool::new(false),
                     reported: AtomicUsize::new(0),
+                    ttft_ms: AtomicU64::new(0),
                     in_flight: Arc::default(),
                 })
             })
@@ -144,6 +147,15 @@ impl WorkerPool {
             .iter()
             .map(|w| (w.url.clone(), live(w)))
             .collect()
+    }
+
+    /// The slowest recent time to first token a live worker reports.
+    pub fn reported_ttft(&self) -> std::time::Duration {
+        let ms = (self.workers.iter())
+            .filter(|w| w.live.load(Ordering::Relaxed))
+            .map(|w| w.ttft_ms.load(Ordering::Relaxed))
+            .max();
+        std::time::Duration::from_millis(ms.unwrap_or(0))
     }
 
     /// Sends a request for `prompt` to the best worker, and to others if it cannot be served

@@ -38,16 +38,20 @@ pub struct Load {
     pub free_blocks: usize,
     /// KV blocks in the pool.
     pub total_blocks: usize,
+    /// Recent time to first token, in milliseconds (a moving average that fades while idle).
+    #[serde(default)]
+    pub ttft_ms: u64,
 }
 
 impl Load {
-    /// The engine's load now.
-    pub fn of(stats: &EngineStats) -> Self {
+    /// The engine's load now, with its recent time to first token `ttft`.
+    pub fn of(stats: &EngineStats, ttft: Duration) -> Self {
         Self {
             running: stats.running(),
             waiting: stats.waiting(),
             free_blocks: stats.free_blocks(),
             total_blocks: stats.total_blocks(),
+            ttft_ms: ttft.as_millis() as u64,
         }
     }
 }
