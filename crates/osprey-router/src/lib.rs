@@ -12,6 +12,8 @@
 //! And the choice of worker in a pool of `osprey worker`s:
 //! - [`prefix_index::PrefixIndex`]: which worker holds which prompt blocks, from their KV
 //!   events and from what was sent where;
+//! - [`sent_blocks::SentBlocks`]: for a plain upstream without events, the blocks it was sent
+//!   most recently, as what it probably caches;
 //! - [`select::choose`]: cache-aware (longest cached prefix weighed against load),
 //!   least-loaded or round-robin.
 //!
@@ -27,4 +29,5 @@ pub mod degrade;
 pub mod prefix_index;
 pub mod retry;
 pub mod select;
+pub mod sent_blocks;
 pub mod tiers;

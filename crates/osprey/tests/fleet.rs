@@ -1,6 +1,8 @@
 //! A gateway in front of two real `osprey worker` processes (`osprey serve --worker ...`):
 //! requests go where their prompt is cached, and a worker killed with SIGKILL under load loses
-//! no request that had not started answering.
+//! no request that had not started answering. And in front of two plain OpenAI-compatible
+//! servers (two `osprey serve`, which have no worker protocol): requests go where their prompt
+//! was sent before.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,33 +40,58 @@ struct Fleet {
     // Dropped last: the gateway first.
     _gateway: Process,
     worker_processes: Vec<Process>,
-    _store: std::path::PathBuf,
+    _stores: Vec<Store>,
+}
+
+/// A SQLite store file, removed when dropped.
+struct Store(std::path::PathBuf);
+
+impl Store {
+    fn new(port: &str) -> Self {
+        Self(std::env::temp_dir().join(format!("osprey-fleet-{port}.db")))
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.0.display())
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Two workers and a gateway with `policy`, all ready.
 async fn fleet(policy: &str) -> Fleet {
+    fleet_of("worker", policy).await
+}
+
+/// Two workers started as `osprey <kind>` (`worker`, or `serve`: a plain OpenAI-compatible
+/// server) and a gateway with `policy`, all ready.
+async fn fleet_of(kind: &str, policy: &str) -> Fleet {
     let model = osprey_testkit::default_model();
     let model = model.to_str().expect("a UTF-8 path");
     let mut worker_processes = Vec::new();
     let mut workers = Vec::new();
+    let mut stores = Vec::new();
     for _ in 0..2 {
         let port = osprey_testkit::free_port().to_string();
-        let args = [
-            "worker",
-            "--port",
-            &port,
-            "--model",
-            model,
-            "--threads",
-            "1",
-        ];
-        let sizing = ["--kv-cache-memory", "128MiB", "--served-model-name", NAME];
-        worker_processes.push(Process::start(&[&args[..], &sizing].concat()));
+        let mut args = vec![kind, "--port", &port, "--model", model, "--threads", "1"];
+        args.extend(["--kv-cache-memory", "128MiB", "--served-model-name", NAME]);
+        let store = Store::new(&port);
+        let store_url = store.url();
+        if kind == "serve" {
+            args.extend(["--store", &store_url]);
+        }
+        worker_processes.push(Process::start(&args));
         workers.push(format!("http://127.0.0.1:{port}"));
+        stores.push(store);
     }
     let port = osprey_testkit::free_port().to_string();
-    let store = std::env::temp_dir().join(format!("osprey-fleet-{port}.db"));
-    let store_url = format!("sqlite://{}", store.display());
+    let store = Store::new(&port);
+    let store_url = store.url();
+    stores.push(store);
     let mut args = vec![
         "serve", "--port", &port, "--model", model, "--store", &store_url,
     ];
@@ -78,7 +105,7 @@ async fn fleet(policy: &str) -> Fleet {
         workers,
         _gateway: gateway,
         worker_processes,
-        _store: store,
+        _stores: stores,
     };
     let deadline = Instant::now() + Duration::from_secs(180);
     let client = reqwest::Client::new();
@@ -154,15 +181,37 @@ async fn prefix_hits(client: &reqwest::Client, worker: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_go_to_the_worker_holding_their_prompt() {
-    let fleet = fleet("cache_aware").await;
+    placement_follows_the_cache(&fleet("cache_aware").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_upstreams_get_requests_where_they_were_sent_before() {
+    let fleet = fleet_of("serve", "cache_aware").await;
+    placement_follows_the_cache(&fleet).await;
+    // What the gateway sent is all it knows: counted as prompt blocks found cached.
+    let text = reqwest::get(format!("{}/metrics", fleet.gateway))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let cached = text
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"osprey_worker_prompt_blocks_total{cached="true"} "#))
+        .map_or(0.0, |v| v.parse::<f64>().unwrap());
+    assert!(cached > 0.0, "{text}");
+}
+
+/// Each of two system prompts is served by one worker, where its blocks are reused.
+async fn placement_follows_the_cache(fleet: &Fleet) {
     let client = reqwest::Client::new();
     let (a, b) = (system_prompt("billing"), system_prompt("shipping"));
-    let (first_a, r) = send(&client, &fleet, &chat(&a, "Hello.", 2, false)).await;
+    let (first_a, r) = send(&client, fleet, &chat(&a, "Hello.", 2, false)).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-osprey-model"], NAME);
     let usage: Value = r.json().await.unwrap();
     let prompt_tokens = usage["usage"]["prompt_tokens"].as_f64().unwrap();
-    let (first_b, _) = send(&client, &fleet, &chat(&b, "Hello.", 2, false)).await;
+    let (first_b, _) = send(&client, fleet, &chat(&b, "Hello.", 2, false)).await;
     assert_ne!(
         first_a, first_b,
         "with nothing cached, idle workers take turns"
@@ -173,10 +222,10 @@ async fn requests_go_to_the_worker_holding_their_prompt() {
         "Can I pay by card?",
         "Refund, please.",
     ] {
-        let (worker, r) = send(&client, &fleet, &chat(&a, q, 2, false)).await;
+        let (worker, r) = send(&client, fleet, &chat(&a, q, 2, false)).await;
         assert_eq!(r.status(), 200);
         assert_eq!(worker, first_a, "a prompt goes where it is cached");
-        let (worker, _) = send(&client, &fleet, &chat(&b, q, 2, true)).await;
+        let (worker, _) = send(&client, fleet, &chat(&b, q, 2, true)).await;
         assert_eq!(worker, first_b, "streams too");
     }
     let hits = prefix_hits(&client, &first_a).await - hits_before;

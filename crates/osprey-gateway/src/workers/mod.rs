@@ -10,6 +10,12 @@
 //! work queued. The prompt is then recorded as held by that worker, so the requests right
 //! behind it find it there before the worker's own events say so.
 //!
+//! A plain OpenAI-compatible server (vLLM, SGLang, llama-server, another Osprey) can be a
+//! worker too: it has no `/worker/events` (404), so the pool follows its `/ready` (or
+//! `/health`) instead, and
+//! takes what it sent there as what it caches ([`SentBlocks`], the last
+//! [`PLAIN_CACHE_BLOCKS`] blocks), with the requests in flight there as its load.
+//!
 //! A request whose worker cannot be reached is sent to another worker (each worker is tried
 //! once; the unreachable one is ejected). One the worker failed with an error goes to another
 //! while the pool's retry budget allows. Nothing is retried once its answer has started: a
@@ -33,10 +39,15 @@ use osprey_engine::kv::prefix_hashes;
 use osprey_router::prefix_index::{MAX_WORKERS, PrefixIndex};
 use osprey_router::retry::{RetryBudget, RetryBudgetConfig};
 use osprey_router::select::{Candidate, Policy, choose};
+use osprey_router::sent_blocks::SentBlocks;
 
 use crate::config::UpstreamConfig;
 use crate::edge::{Caller, UsageReport};
 use crate::upstream::{SERVED_BY, Upstream, warrants_fallback};
+
+/// The blocks a plain upstream is taken to cache: the last this many it was sent (at 16 tokens
+/// a block, 128k tokens).
+pub const PLAIN_CACHE_BLOCKS: usize = 8192;
 
 /// The header naming the worker that served a response.
 pub const SERVED_BY_WORKER: &str = "x-osprey-worker";
@@ -61,6 +72,10 @@ struct Worker {
     reported: AtomicUsize,
     /// Its recent time to first token (ms), as it last said.
     ttft_ms: AtomicU64,
+    /// A plain OpenAI-compatible server, without the worker protocol.
+    plain: AtomicBool,
+    /// For a plain one: what it was sent, as what it caches.
+    sent: Mutex<SentBlocks>,
     /// Requests this gateway has in flight there.
     in_flight: Arc<AtomicUsize>,
 }
@@ -104,6 +119,8 @@ impl WorkerPool {
                     live: AtomicBool::new(false),
                     reported: AtomicUsize::new(0),
                     ttft_ms: AtomicU64::new(0),
+                    plain: AtomicBool::new(false),
+                    sent: Mutex::new(SentBlocks::new(PLAIN_CACHE_BLOCKS)),
                     in_flight: Arc::default(),
                 })
             })
@@ -138,6 +155,11 @@ impl WorkerPool {
     /// The model's tokenizer and chat template.
     pub fn prompter(&self) -> &Prompter {
         &self.prompter
+    }
+
+    /// Whether worker `w` is a plain OpenAI-compatible server.
+    pub fn is_plain(&self, w: usize) -> bool {
+        self.workers[w].plain.load(Ordering::Relaxed)
     }
 
     /// The workers' URLs and whether each takes requests.
@@ -244,6 +266,11 @@ impl WorkerPool {
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         let w = choose(self.policy, &candidates, hashes.len(), turn)?;
         index.store(w, hashes);
+        let worker = &self.workers[w];
+        if worker.plain.load(Ordering::Relaxed) {
+            let forgotten = worker.sent.lock().expect("sent blocks lock").record(hashes);
+            index.evict(w, &forgotten);
+        }
         drop(index);
         let url = self.workers[w].url.clone();
         metrics::counter!(names::WORKER_REQUESTS, "worker" => url, "policy" => self.policy.as_str())
