@@ -96,6 +96,19 @@ impl Answer {
         }
     }
 
+    /// Its body as JSON, if it is.
+    pub fn json(&self) -> Option<serde_json::Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+
+    /// The answer as a response, with `body` as its JSON body instead.
+    pub fn response_with(&self, body: &serde_json::Value) -> Response {
+        let mut r = self.response();
+        r.headers_mut().remove(axum::http::header::CONTENT_LENGTH);
+        *r.body_mut() = Body::from(serde_json::to_vec(body).expect("JSON serialises"));
+        r
+    }
+
     /// The answer as a response.
     pub fn response(&self) -> Response {
         let mut r = Response::new(Body::from(self.body.clone()));

@@ -187,6 +187,79 @@ async fn auto_picks_the_tier_by_task_and_says_why() {
     );
 }
 
+/// Answer-level escalation: with a floor no answer reaches, a small-tier answer is dropped and
+/// the request asked of the tier above (which says why); with a floor every answer reaches, the
+/// small tier answers, and the logprobs asked for the check are gone unless the client asked.
+#[tokio::test]
+async fn a_doubtful_answer_is_asked_of_the_tier_above() {
+    use osprey_gateway::config::UpstreamConfig;
+    use osprey_gateway::edge::Edge;
+    use osprey_gateway::upstream::{Upstream, http_client};
+    use osprey_router::tiers::{Tier, Tiers};
+    let large = AppState::new("large");
+    large.set_engine(osprey_testkit::shared_engine());
+    let large_url = serve(large).await;
+    let gateway = async |floor: f64| {
+        let config = UpstreamConfig {
+            url: format!("{large_url}/v1"),
+            api_key_env: None,
+            model: None,
+            timeout_secs: None,
+            max_retries: None,
+            fallbacks: None,
+        };
+        let upstreams = vec![Upstream::new("large", &config, http_client()).unwrap()];
+        let tier = |name: &str, model: &str| Tier {
+            name: name.into(),
+            model: model.into(),
+        };
+        let tiers = Tiers::new(vec![tier("small", MODEL), tier("big", "large")], 0.0).unwrap();
+        let tiers = tiers.with_answer_floor(floor).unwrap();
+        let state =
+            AppState::with_models(Some(MODEL.into()), upstreams, Edge::open()).with_tiers(tiers);
+        state.set_engine(osprey_testkit::shared_engine());
+        serve(state).await
+    };
+    let ask = async |base: &str, extra: Value| {
+        let mut body = json!({"model": "auto", "max_tokens": 6, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of Peru?"}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = send(base, "/v1/chat/completions", &body).await;
+        assert_eq!(r.status(), 200);
+        let h = |n: &str| r.headers()[n].to_str().unwrap().to_owned();
+        let (tier, reason) = (h("x-osprey-tier"), h("x-osprey-route-reason"));
+        (tier, reason, r.json::<Value>().await.unwrap())
+    };
+    let strict = gateway(-1e-9).await;
+    let (tier, reason, answer) = ask(&strict, json!({})).await;
+    assert_eq!(tier, "big", "{reason}");
+    assert!(reason.contains("escalated"), "{reason}");
+    assert_eq!(answer["model"], "large");
+    let lenient = gateway(-50.0).await;
+    let (tier, reason, answer) = ask(&lenient, json!({})).await;
+    assert_eq!(tier, "small", "{reason}");
+    assert_eq!(answer["choices"][0]["logprobs"], Value::Null, "not asked");
+    let (_, _, answer) = ask(&lenient, json!({"logprobs": true})).await;
+    let tokens = answer["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    assert_eq!(
+        tokens.len() as u64,
+        answer["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    // Streams are not checked: their first tokens are already on their way.
+    let r = send(
+        &strict,
+        "/v1/chat/completions",
+        &json!({"model": "auto", "max_tokens": 3,
+        "stream": true, "messages": [{"role": "user", "content": "What is the capital of Peru?"}]}),
+    )
+    .await;
+    assert_eq!(r.headers()["x-osprey-tier"], "small");
+}
+
 /// Under load the ladder degrades: at level 4 batch work is turned away, interactive requests
 /// keep at most 256 tokens and say they were degraded; once load falls, nothing is.
 #[tokio::test]

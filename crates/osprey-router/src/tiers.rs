@@ -6,6 +6,10 @@
 //! less sure than the threshold or the request asks for reasoning (`reasoning_effort` medium or
 //! high); a request asking for premium quality goes to the top. Tiers whose model the tenant may
 //! not use are skipped (upwards first).
+//!
+//! Answer-level escalation (opt-in, [`Tiers::with_answer_floor`]): a non-streamed answer whose
+//! mean token logprob is below the floor is asked again of the next tier up, before anything
+//! reaches the client.
 
 use crate::classifier::Task;
 
@@ -32,6 +36,7 @@ pub struct Asks {
 pub struct Tiers {
     tiers: Vec<Tier>,
     threshold: f64,
+    answer_floor: Option<f64>,
 }
 
 /// Where a request goes, and why.
@@ -60,7 +65,32 @@ impl Tiers {
                 "the confidence threshold {threshold} is not within 0 and 1"
             ));
         }
-        Ok(Self { tiers, threshold })
+        Ok(Self {
+            tiers,
+            threshold,
+            answer_floor: None,
+        })
+    }
+
+    /// The same tiers, escalating an answer whose mean token logprob is below `floor` (a
+    /// negative number: -1.0 is a token probability of 0.37 on average).
+    pub fn with_answer_floor(mut self, floor: f64) -> Result<Self, String> {
+        if !(floor.is_finite() && floor < 0.0) {
+            return Err(format!("the answer logprob floor {floor} is not below 0"));
+        }
+        self.answer_floor = Some(floor);
+        Ok(self)
+    }
+
+    /// The mean token logprob below which an answer escalates, if answers are checked.
+    pub fn answer_floor(&self) -> Option<f64> {
+        self.answer_floor
+    }
+
+    /// The first tier above `tier` whose model `allowed` accepts.
+    pub fn above(&self, tier: &Tier, allowed: impl Fn(&str) -> bool) -> Option<&Tier> {
+        let at = self.tiers.iter().position(|t| t == tier)?;
+        self.tiers[at + 1..].iter().find(|t| allowed(&t.model))
     }
 
     /// The tiers, smallest first.
@@ -129,6 +159,25 @@ mod tests {
 
     fn name(c: Option<Choice<'_>>) -> String {
         c.unwrap().tier.name.clone()
+    }
+
+    #[test]
+    fn the_tier_above_skips_models_not_allowed() {
+        let t = tiers(&["small", "medium", "large"]);
+        let [small, _, large] = t.tiers() else {
+            unreachable!()
+        };
+        assert_eq!(t.above(small, |_| true).unwrap().name, "medium");
+        assert_eq!(
+            t.above(small, |m| m != "medium-model").unwrap().name,
+            "large"
+        );
+        assert!(t.above(large, |_| true).is_none());
+        assert!(t.clone().with_answer_floor(0.5).is_err());
+        assert_eq!(
+            t.with_answer_floor(-1.0).unwrap().answer_floor(),
+            Some(-1.0)
+        );
     }
 
     #[test]

@@ -90,6 +90,11 @@ pub struct ServeArgs {
     /// is less sure of than this goes one tier up.
     #[arg(long, env = "OSPREY_AUTO_CONFIDENCE", default_value_t = 0.6)]
     pub auto_confidence: f64,
+    /// `"model": "auto"`: check each non-streamed answer below the top tier, and ask the tier
+    /// above again when its mean token logprob is below this (e.g. -1.0; default: answers are
+    /// not checked).
+    #[arg(long, env = "OSPREY_AUTO_MIN_LOGPROB", allow_negative_numbers = true)]
+    pub auto_min_logprob: Option<f64>,
     /// Time to first token (seconds) the degradation ladder holds to: as the recent TTFT of the
     /// local engine nears it, output is capped, `auto` steps down and batch work is deferred, as
     /// when requests in flight near --max-in-flight (default: TTFT is not watched).

@@ -218,8 +218,15 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
     let local = crate::serve::local_model_name(&args);
     osprey_gateway::upstream::check_fallbacks(&upstreams, local.as_deref())
         .map_err(|(name, why)| at_model(&name, why))?;
-    crate::serve::tiers(&file, args.auto_confidence, &upstreams, local.as_deref())
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let floor = args.auto_min_logprob;
+    crate::serve::tiers(
+        &file,
+        args.auto_confidence,
+        floor,
+        &upstreams,
+        local.as_deref(),
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     crate::serve::check_default_models(&file, &upstreams, local.as_deref())
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     println!(

@@ -76,6 +76,7 @@ pub fn upstreams_from_flags(flags: &[String]) -> anyhow::Result<Vec<(String, Ups
 pub fn tiers(
     file: &ConfigFile,
     threshold: f64,
+    answer_floor: Option<f64>,
     upstreams: &[Upstream],
     local: Option<&str>,
 ) -> anyhow::Result<Option<Tiers>> {
@@ -96,9 +97,14 @@ pub fn tiers(
             model: t.model.clone(),
         });
     }
-    Tiers::new(tiers, threshold)
-        .map(Some)
-        .map_err(|e| anyhow::anyhow!("[[tiers]]: {e}"))
+    let tiers = Tiers::new(tiers, threshold).map_err(|e| anyhow::anyhow!("[[tiers]]: {e}"))?;
+    match answer_floor {
+        Some(floor) => tiers
+            .with_answer_floor(floor)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--auto-min-logprob: {e}")),
+        None => Ok(Some(tiers)),
+    }
 }
 
 /// Checks that every tenant's `default_model` is served here (an upstream, `local`, or `auto`
@@ -212,7 +218,13 @@ async fn serve(
     let local_name = local.as_ref().map(|(_, name)| name.as_str());
     osprey_gateway::upstream::check_fallbacks(&upstreams, local_name)
         .map_err(|(_, why)| anyhow::anyhow!(why))?;
-    let tiers = tiers(&file, args.auto_confidence, &upstreams, local_name)?;
+    let tiers = tiers(
+        &file,
+        args.auto_confidence,
+        args.auto_min_logprob,
+        &upstreams,
+        local_name,
+    )?;
     check_default_models(&file, &upstreams, local_name)?;
     let store_url = store_url(&args.store)?;
     let store = Store::open(&store_url)

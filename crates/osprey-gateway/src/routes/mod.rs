@@ -122,7 +122,7 @@ async fn generate<R: Routed>(
     admitted: Option<Extension<Admitted>>,
     body: Bytes,
     path: &str,
-    local: impl AsyncFnOnce(AppState, R, Caller, Arc<UsageReport>) -> Result<Response, ApiError>,
+    local: impl AsyncFn(AppState, R, Caller, Arc<UsageReport>) -> Result<Response, ApiError>,
 ) -> Result<Response, ApiError> {
     let mut admitted = admitted.map_or_else(|| state.edge().unguarded(), |a| a.0);
     let tenant = admitted.caller.tenant.clone();
@@ -155,16 +155,16 @@ async fn generate<R: Routed>(
     {
         body = capped;
     }
-    let routed = match admitted.model.as_deref() {
+    let mut routed = match admitted.model.as_deref() {
         Some(auto::AUTO) => Some(auto::route(state.tiers(), &admitted.caller, &body, level)?),
         _ => None,
     };
-    let dispatched = match &routed {
+    let dispatched = match routed.as_mut() {
         Some(routed) => {
             admitted.model = Some(routed.model.clone());
-            dispatch(state.clone(), admitted, routed.body.clone(), path, local).await
+            checked(state.clone(), admitted, routed, path, &local).await
         }
-        None => dispatch(state.clone(), admitted, body, path, local).await,
+        None => dispatch(state.clone(), admitted, body, path, &local).await,
     };
     let mut response = match dispatched {
         Ok(response) => response,
@@ -202,6 +202,52 @@ async fn generate<R: Routed>(
         Some(key) => state.recent().keep(key, response).await,
         None => response,
     })
+}
+
+/// Sends an `auto` request to its tier; with an answer check, asks for logprobs and, when the
+/// answer's mean token logprob is below the floor, asks the tier above instead (`routed` then
+/// names that tier). The logprobs stay only if the client asked for them.
+async fn checked<R: Routed>(
+    state: AppState,
+    mut admitted: Admitted,
+    routed: &mut auto::AutoRoute,
+    path: &str,
+    local: &impl AsyncFn(AppState, R, Caller, Arc<UsageReport>) -> Result<Response, ApiError>,
+) -> Result<Response, ApiError> {
+    let Some(check) = routed.check.take() else {
+        return dispatch(state, admitted, routed.body.clone(), path, local).await;
+    };
+    let (body, asked) = auto::asking_logprobs(&routed.body)?;
+    let first = dispatch(state.clone(), admitted.clone(), body, path, local).await?;
+    if !first.status().is_success() {
+        return Ok(first);
+    }
+    let answer = match replay::Answer::read(first).await {
+        Ok(answer) => answer,
+        Err(response) => return Ok(response),
+    };
+    let Some(mut json) = answer.json() else {
+        return Ok(answer.response());
+    };
+    match auto::mean_logprob(&json) {
+        Some(mean) if mean < check.floor => {
+            metrics::counter!(osprey_core::metrics::AUTO_ANSWERS_ESCALATED, "from" => routed.tier.clone(), "to" => check.tier.clone())
+                .increment(1);
+            routed.reason.push_str(&format!(
+                ", answer logprob {mean:.2} < {:.2}, escalated",
+                check.floor
+            ));
+            (routed.tier, routed.model) = (check.tier, check.model.clone());
+            admitted.model = Some(check.model);
+            dispatch(state, admitted, check.body, path, local).await
+        }
+        _ => {
+            if !asked {
+                auto::without_logprobs(&mut json);
+            }
+            Ok(answer.response_with(&json))
+        }
+    }
 }
 
 /// Marks `response` degraded to `level`, if it was, and counts it.
