@@ -18,6 +18,8 @@
 //! - [`degrade`]: the degradation ladder, driven by the load at the edge;
 //! - [`replay`]: idempotent requests answered once, and the recent answers the ladder and
 //!   fallback chains serve when generating is not an option;
+//! - [`safety`]: each tenant's safety policy ([`osprey_policy`]) screening generation input,
+//!   and `POST /v1/moderations`;
 //! - [`metrics`]: Prometheus export and request histograms.
 //!
 //! ```no_run
@@ -41,6 +43,7 @@ pub mod limits;
 pub mod metrics;
 pub mod replay;
 pub mod routes;
+pub mod safety;
 pub mod state;
 pub mod upstream;
 pub mod workers;

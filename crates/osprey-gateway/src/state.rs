@@ -11,6 +11,7 @@ use osprey_engine::Engine;
 use crate::degrade::Degradation;
 use crate::edge::Edge;
 use crate::replay::Answers;
+use crate::safety::Policies;
 use crate::upstream::Upstream;
 use crate::workers::WorkerPool;
 use osprey_router::tiers::Tiers;
@@ -33,6 +34,8 @@ struct Inner {
     replays: Answers,
     /// Recent successful answers, by request.
     recent: Answers,
+    /// The safety policies (off on workers: their gateway screened).
+    policies: Option<Policies>,
     store: Option<Store>,
     batch_added: Notify,
     edge: Arc<Edge>,
@@ -81,6 +84,7 @@ impl AppState {
                 degradation: Arc::default(),
                 replays: Answers::default(),
                 recent: Answers::default(),
+                policies: Some(Policies::default()),
                 store: None,
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
@@ -157,6 +161,22 @@ impl AppState {
     /// The recent successful answers ([`crate::replay`]).
     pub fn recent(&self) -> &Answers {
         &self.inner.recent
+    }
+
+    /// The same state with these safety `policies`, or none (`None`: a worker, whose gateway
+    /// screened its requests).
+    ///
+    /// # Panics
+    /// If the state has been cloned already.
+    pub fn with_policies(mut self, policies: Option<Policies>) -> Self {
+        let inner = Arc::get_mut(&mut self.inner).expect("with_policies before sharing");
+        inner.policies = policies;
+        self
+    }
+
+    /// The safety policies, unless off.
+    pub fn policies(&self) -> Option<&Policies> {
+        self.inner.policies.as_ref()
     }
 
     /// The tiers of `auto`, if configured.

@@ -16,6 +16,12 @@
 //! max_tokens = 512
 //! priority = "interactive"
 //! default_model = "auto"      # for requests that name no model
+//! policy = "strict"            # a [policies.NAME] (default: standard)
+//!
+//! [policies.strict]
+//! prompt_injection = { threshold = 0.5, action = "block" }
+//! jailbreak = { threshold = 0.5, action = "block" }
+//! pii = { threshold = 0.5, action = "redact" }
 //!
 //! [models.llama-70b]
 //! url = "http://10.0.0.5:8000/v1"
@@ -34,6 +40,7 @@ use anyhow::{Context, bail};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
 use osprey_gateway::config::{TenantConfig, TierConfig, UpstreamConfig};
+use osprey_policy::pipeline::PolicyConfig;
 use serde::Deserialize;
 
 use crate::cli::{Cli, Command, ServeArgs};
@@ -47,6 +54,7 @@ pub struct ConfigFile {
     pub tenants: BTreeMap<String, TenantConfig>,
     pub models: BTreeMap<String, UpstreamConfig>,
     pub tiers: Vec<TierConfig>,
+    pub policies: BTreeMap<String, PolicyConfig>,
 }
 
 #[derive(Deserialize)]
@@ -57,6 +65,8 @@ struct Shape {
     models: BTreeMap<String, UpstreamConfig>,
     #[serde(default)]
     tiers: Vec<TierConfig>,
+    #[serde(default)]
+    policies: BTreeMap<String, PolicyConfig>,
     #[serde(flatten)]
     flags: BTreeMap<String, toml::Value>,
 }
@@ -75,6 +85,7 @@ impl ConfigFile {
             tenants: shape.tenants,
             models: shape.models,
             tiers: shape.tiers,
+            policies: shape.policies,
         })
     }
 
@@ -229,6 +240,7 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     crate::serve::check_default_models(&file, &upstreams, local.as_deref())
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    crate::serve::policies(&file).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     println!(
         "{}: ok ({} tenants, {} upstream models, {} tiers, store {}, limits {})",
         path.display(),

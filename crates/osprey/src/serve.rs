@@ -134,6 +134,21 @@ pub fn check_default_models(
     Ok(())
 }
 
+/// The safety policies of the file's `[policies.NAME]`; every tenant's `policy` must name one
+/// (or `standard`).
+pub fn policies(file: &ConfigFile) -> anyhow::Result<osprey_gateway::safety::Policies> {
+    let policies = osprey_gateway::safety::Policies::new(file.policies.clone());
+    for (tenant, t) in &file.tenants {
+        if let Some(p) = &t.policy {
+            anyhow::ensure!(
+                policies.has(p),
+                "tenant `{tenant}`: policy `{p}` is not defined ([policies.{p}])"
+            );
+        }
+    }
+    Ok(policies)
+}
+
 /// The store URL: `--store`, or the default SQLite file under `$OSPREY_HOME`.
 pub fn store_url(flag: &Option<String>) -> anyhow::Result<String> {
     Ok(match flag {
@@ -226,6 +241,7 @@ async fn serve(
         local_name,
     )?;
     check_default_models(&file, &upstreams, local_name)?;
+    let policies = policies(&file)?;
     let store_url = store_url(&args.store)?;
     let store = Store::open(&store_url)
         .await
@@ -265,6 +281,7 @@ async fn serve(
         None => state,
     }
     .with_store(store)
+    .with_policies(Some(policies))
     .with_ttft_slo(
         (args.ttft_slo)
             .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())

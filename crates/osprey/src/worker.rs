@@ -14,7 +14,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let state = AppState::new(served_name(&args.engine));
+        // The gateway in front screened each request under its tenant's policy.
+        let state = AppState::new(served_name(&args.engine)).with_policies(None);
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await

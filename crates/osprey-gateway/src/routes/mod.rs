@@ -7,6 +7,7 @@ mod chat;
 mod completions;
 mod health;
 mod models;
+mod moderations;
 mod worker;
 
 use std::convert::Infallible;
@@ -67,6 +68,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
     let listing = Router::new()
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::get))
+        .route("/v1/moderations", post(moderations::create))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::edge::authenticate,
@@ -136,7 +138,13 @@ async fn generate<R: Routed>(
         response.headers_mut().remove(DEGRADED);
         Some(response)
     };
-    let mut body = body;
+    let mut body = match state.policies() {
+        Some(p) => {
+            let pipeline = p.get(tenant.policy.as_deref());
+            crate::safety::screen_input(pipeline, &tenant.name, &body)?
+        }
+        None => body,
+    };
     if level >= 5
         && let Some(mut response) = cached("degraded")
     {
