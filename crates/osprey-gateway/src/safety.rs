@@ -5,14 +5,26 @@
 //! injection. A text the policy blocks is refused (400 `content_policy_violation`, naming the
 //! rules, never the text); one it redacts goes on with its PII replaced by placeholders; every
 //! finding acted on is counted (`osprey_guard_verdicts_total`) and logged without the text.
+//!
+//! On the way out, [`filter_output`] applies the policy's output rules (deny-listed phrases,
+//! PII in answers) to every choice of an answer, streamed or not, and puts back the values
+//! redacted from the caller's input where the policy says so (`restore_pii`). A stream is
+//! filtered through a hold-back window ([`osprey_policy::stream`]); one that reaches a
+//! forbidden phrase ends with a chunk whose `finish_reason` is `content_filter`, then
+//! `data: [DONE]`. `logprobs` are refused under output rules: they would show the held-back
+//! tokens.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
+use axum::response::Response;
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
 use osprey_core::Error;
 use osprey_policy::pipeline::{Pipeline, PolicyConfig};
 use osprey_policy::redact::Redactor;
+use osprey_policy::stream::{OutputFilter, Stop};
 use osprey_policy::{Action, Source, Verdict};
 use serde_json::Value;
 
@@ -57,13 +69,35 @@ impl Policies {
 /// The name of the standard policy.
 pub const STANDARD: &str = "standard";
 
-/// Screens the input of a generation request (`body`, already known to be JSON from the
-/// edge's reading, or not: a body that is not a JSON object is left to the handler to refuse)
-/// under `pipeline` for `tenant`. Returns the body to go on with: the same, or redacted.
-pub fn screen_input(pipeline: &Pipeline, tenant: &str, body: &Bytes) -> Result<Bytes, Error> {
-    let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
-        return Ok(body.clone());
+/// A request's input after screening.
+pub struct Screened {
+    /// The body to go on with: the same, or redacted.
+    pub body: Bytes,
+    /// What was redacted, to be put back in the answer (when the policy says so).
+    pub restore: Option<Arc<Redactor>>,
+}
+
+/// Screens the input of a generation request (`body`; one that is not JSON is left to the
+/// handler to refuse) under `pipeline` for `tenant`.
+pub fn screen_input(pipeline: &Pipeline, tenant: &str, body: &Bytes) -> Result<Screened, Error> {
+    let unchanged = || Screened {
+        body: body.clone(),
+        restore: None,
     };
+    let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
+        return Ok(unchanged());
+    };
+    let logprobs = matches!(
+        v.get("logprobs"),
+        Some(Value::Bool(true) | Value::Number(_))
+    );
+    if logprobs && pipeline.config().output_rules().is_active() {
+        return Err(Error::invalid(
+            "logprobs",
+            "logprobs are not available under this tenant's output policy: they would show \
+             text the policy holds back.",
+        ));
+    }
     let mut redactor = Redactor::default();
     let mut redacted = false;
     let mut screen = |text: &mut String, source: Source| -> Result<(), Error> {
@@ -95,10 +129,185 @@ pub fn screen_input(pipeline: &Pipeline, tenant: &str, body: &Bytes) -> Result<B
             screen(text, Source::User)?;
         }
     }
-    Ok(match redacted {
-        true => serde_json::to_vec(&v).expect("JSON serialises").into(),
-        false => body.clone(),
+    if !redacted {
+        return Ok(unchanged());
+    }
+    Ok(Screened {
+        body: serde_json::to_vec(&v).expect("JSON serialises").into(),
+        restore: pipeline.config().restore_pii.then(|| Arc::new(redactor)),
     })
+}
+
+/// `response` (a successful answer, streamed or not) filtered by `pipeline`'s output rules,
+/// with `restore`'s values put back; as it is when there is nothing to do.
+pub fn filter_output(
+    response: Response,
+    pipeline: &Pipeline,
+    restore: Option<Arc<Redactor>>,
+    tenant: &str,
+) -> Response {
+    let rules = pipeline.config().output_rules();
+    if !(rules.is_active() || restore.is_some()) || !response.status().is_success() {
+        return response;
+    }
+    let new_filter = move || OutputFilter::new(&rules, restore.clone());
+    let (mut parts, body) = response.into_parts();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    let streamed = (parts.headers.get(axum::http::header::CONTENT_TYPE))
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/event-stream"));
+    let tenant = tenant.to_owned();
+    if streamed {
+        let events = filter_stream(body, new_filter, tenant);
+        return Response::from_parts(parts, Body::from_stream(events));
+    }
+    let body = futures_util::stream::once(async move {
+        let bytes = axum::body::to_bytes(body, 64 << 20).await?;
+        let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
+            return Ok::<_, axum::Error>(bytes);
+        };
+        for choice in v["choices"].as_array_mut().into_iter().flatten() {
+            let mut filter = new_filter();
+            let Some(text) = choice_text(choice) else {
+                continue;
+            };
+            match filter.filter_all(text) {
+                Ok(filtered) => *text = filtered,
+                Err(stop) => {
+                    text.clear();
+                    choice["finish_reason"] = "content_filter".into();
+                    stopped(&tenant, stop);
+                }
+            }
+        }
+        Ok(serde_json::to_vec(&v).expect("JSON serialises").into())
+    });
+    Response::from_parts(parts, Body::from_stream(body))
+}
+
+/// The text of a choice: a chat message's or delta's content, or a completion's text.
+fn choice_text(choice: &mut Value) -> Option<&mut String> {
+    let object = choice.as_object_mut()?;
+    match ["message", "delta"]
+        .into_iter()
+        .find(|k| object.contains_key(*k))
+    {
+        Some(key) => object.get_mut(key)?.get_mut("content").and_then(as_string),
+        None => object.get_mut("text").and_then(as_string),
+    }
+}
+
+/// Sets the text of a choice (see [`choice_text`]), creating the field if need be.
+fn set_choice_text(choice: &mut Value, text: String) {
+    let Some(object) = choice.as_object_mut() else {
+        return;
+    };
+    match ["message", "delta"]
+        .into_iter()
+        .find(|k| object.contains_key(*k))
+    {
+        Some(key) => object[key]["content"] = text.into(),
+        None => {
+            object.insert("text".to_owned(), text.into());
+        }
+    }
+}
+
+fn as_string(v: &mut Value) -> Option<&mut String> {
+    match v {
+        Value::String(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// An SSE answer's events, each choice's text through its own filter; a stopped choice ends
+/// the stream with `finish_reason: content_filter` and `[DONE]`.
+fn filter_stream(
+    body: Body,
+    new_filter: impl Fn() -> OutputFilter + Send + 'static,
+    tenant: String,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send {
+    let mut events = body.into_data_stream().eventsource();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let mut filters: BTreeMap<u64, OutputFilter> = BTreeMap::new();
+        while let Some(Ok(event)) = events.next().await {
+            let Ok(mut v) = serde_json::from_str::<Value>(&event.data) else {
+                // `[DONE]`, or anything else that is not a chunk: as it is.
+                if tx.send(data(&event.data)).await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let mut stop = None;
+            let mut worth_sending = v
+                .get("choices")
+                .is_none_or(|c| c.as_array().is_none_or(Vec::is_empty));
+            for choice in v["choices"].as_array_mut().into_iter().flatten() {
+                let index = choice["index"].as_u64().unwrap_or(0);
+                let filter = filters.entry(index).or_insert_with(&new_filter);
+                let finishing = !choice["finish_reason"].is_null();
+                let text = choice_text(choice).map(std::mem::take).unwrap_or_default();
+                let mut out = filter.push(&text);
+                if finishing && let Ok(released) = &mut out {
+                    match filter.finish() {
+                        Ok(rest) => released.push_str(&rest),
+                        Err(s) => out = Err(s),
+                    }
+                }
+                match out {
+                    Ok(released) => {
+                        worth_sending |=
+                            finishing || !released.is_empty() || has_more_than_text(choice);
+                        if !released.is_empty() || choice_text(choice).is_some() {
+                            set_choice_text(choice, released);
+                        }
+                    }
+                    Err(s) => {
+                        choice["finish_reason"] = "content_filter".into();
+                        stop = Some(s);
+                        worth_sending = true;
+                    }
+                }
+            }
+            if worth_sending && tx.send(data(&v.to_string())).await.is_err() {
+                return;
+            }
+            if let Some(s) = stop {
+                stopped(&tenant, s);
+                let _ = tx.send(data("[DONE]")).await;
+                // Dropping the answer's body cancels its generation.
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok)
+}
+
+/// Whether a chunk's choice carries something besides its text (a role, tool calls).
+fn has_more_than_text(choice: &Value) -> bool {
+    let delta = &choice["delta"];
+    !delta["role"].is_null() || !delta["tool_calls"].is_null()
+}
+
+fn data(payload: &str) -> Bytes {
+    format!("data: {payload}\n\n").into()
+}
+
+/// Counts and logs an answer the output rules stopped.
+fn stopped(tenant: &str, stop: Stop) {
+    metrics::counter!(
+        osprey_core::metrics::GUARD_VERDICTS,
+        "category" => match stop { Stop::Denied => "denied", Stop::Pii(_) => "pii" },
+        "action" => "block",
+        "source" => "model",
+    )
+    .increment(1);
+    tracing::warn!(
+        tenant,
+        rule = stop.rule(),
+        "answer stopped by the output policy"
+    );
 }
 
 /// The strings of a message content or a prompt: a string, text parts, or a list of strings.

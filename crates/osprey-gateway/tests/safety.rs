@@ -171,3 +171,135 @@ async fn a_redacting_policy_shows_the_model_placeholders() {
         "{seen}"
     );
 }
+
+/// The `data:` payloads of a streamed answer.
+async fn stream(base: &str, path: &str, body: Value) -> Vec<Value> {
+    let text = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap_or(Value::String(d.to_owned())))
+        .collect()
+}
+
+/// A phrase the model really writes (learnt from its unfiltered greedy answer) is deny-listed:
+/// streamed, no part of it is ever sent and the stream ends with `content_filter` and
+/// `[DONE]`; not streamed, the answer is emptied with the same finish reason.
+#[tokio::test]
+async fn a_denied_phrase_the_model_writes_never_leaves() {
+    let ask = json!({"model": MODEL, "max_tokens": 60, "temperature": 0,
+        "messages": [{"role": "user", "content": "Describe the city of Paris in a few sentences."}]});
+    let open = server(Policies::default()).await;
+    let (_, answer) = post(&open, "/v1/chat/completions", ask.clone()).await;
+    let text = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    assert!(words.len() > 12, "{text}");
+    let phrase = words[6..10].join(" ");
+    let denying = PolicyConfig {
+        deny: vec![phrase.to_uppercase()],
+        ..PolicyConfig::default()
+    };
+    let base = server(Policies::new(BTreeMap::from([(
+        "standard".to_owned(),
+        denying,
+    )])))
+    .await;
+    let mut streamed = ask.clone();
+    streamed["stream"] = true.into();
+    let events = stream(&base, "/v1/chat/completions", streamed).await;
+    let sent: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let first_word = words[6];
+    assert!(
+        text.starts_with(&sent),
+        "what was sent is the answer's start: {sent:?}"
+    );
+    assert!(
+        !sent.contains(&words[5..7].join(" ")),
+        "no part of the phrase left: {sent:?} (phrase {phrase:?})"
+    );
+    assert!(sent.len() < text.find(first_word).unwrap() + first_word.len());
+    let finish: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["finish_reason"].as_str())
+        .collect();
+    assert_eq!(finish, ["content_filter"]);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let (status, whole) = post(&base, "/v1/chat/completions", ask).await;
+    assert_eq!(status, 200);
+    assert_eq!(whole["choices"][0]["finish_reason"], "content_filter");
+    assert_eq!(whole["choices"][0]["message"]["content"], "");
+    // Safe answers are whole, streamed or not.
+    let (_, safe) = post(
+        &base,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "1, 2, 3,",
+        "max_tokens": 12, "temperature": 0}),
+    )
+    .await;
+    let mut safe_stream = json!({"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 12,
+        "temperature": 0, "stream": true});
+    let events = stream(&base, "/v1/completions", safe_stream.take()).await;
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(streamed, safe["choices"][0]["text"].as_str().unwrap());
+}
+
+/// Under `restore_pii` the caller gets their own values back in the answer (here the echoed
+/// prompt, which the model saw redacted); `logprobs` are refused under output rules.
+#[tokio::test]
+async fn restored_values_reach_only_the_answer() {
+    let restoring = PolicyConfig {
+        pii: Some(CategoryRule {
+            threshold: 0.5,
+            action: Action::Redact,
+        }),
+        restore_pii: true,
+        output_pii: Some(Action::Redact),
+        ..PolicyConfig::default()
+    };
+    let base = server(Policies::new(BTreeMap::from([(
+        "standard".to_owned(),
+        restoring,
+    )])))
+    .await;
+    let prompt = "Reply to jane@example.com:";
+    let (status, body) = post(
+        &base,
+        "/v1/completions",
+        json!({"model": MODEL, "max_tokens": 1,
+        "echo": true, "prompt": prompt}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with(prompt),
+        "{body}"
+    );
+    let (status, body) = post(
+        &base,
+        "/v1/completions",
+        json!({"model": MODEL, "max_tokens": 1,
+        "logprobs": 1, "prompt": prompt}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["param"], "logprobs");
+}

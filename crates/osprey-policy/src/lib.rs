@@ -10,6 +10,8 @@
 //!   numbers, IP addresses, API keys and secrets (known prefixes, or entropy), street addresses
 //!   and names after a title;
 //! - [`redact`]: PII replaced by typed placeholders (`<EMAIL_1>`) that can be put back;
+//! - [`stream`]: output filtering (deny-lists, PII) that holds back a window of a stream so that
+//!   nothing forbidden is ever partly sent, and puts the caller's redacted values back;
 //! - [`pipeline`]: guards composed into a policy, which turns findings into one [`Verdict`]:
 //!   allow, flag, redact or block.
 //!
@@ -25,6 +27,7 @@ pub mod normalize;
 pub mod pii;
 pub mod pipeline;
 pub mod redact;
+pub mod stream;
 
 use serde::{Deserialize, Serialize};
 

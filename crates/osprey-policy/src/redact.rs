@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use crate::pii::{self, PiiKind};
 
 /// Redacts texts and restores them, keeping the placeholders consistent.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Redactor {
     by_value: HashMap<(PiiKind, String), String>,
     counts: HashMap<PiiKind, usize>,

@@ -138,12 +138,13 @@ async fn generate<R: Routed>(
         response.headers_mut().remove(DEGRADED);
         Some(response)
     };
-    let mut body = match state.policies() {
+    let (mut body, guarded) = match state.policies() {
         Some(p) => {
-            let pipeline = p.get(tenant.policy.as_deref());
-            crate::safety::screen_input(pipeline, &tenant.name, &body)?
+            let pipeline = p.get(tenant.policy.as_deref()).clone();
+            let screened = crate::safety::screen_input(&pipeline, &tenant.name, &body)?;
+            (screened.body, Some((pipeline, screened.restore)))
         }
-        None => body,
+        None => (body, None),
     };
     if level >= 5
         && let Some(mut response) = cached("degraded")
@@ -205,6 +206,9 @@ async fn generate<R: Routed>(
             headers.insert(auto::TIER, tier);
             headers.insert(ROUTE_REASON, reason);
         }
+    }
+    if let Some((pipeline, restore)) = guarded {
+        response = crate::safety::filter_output(response, &pipeline, restore, &tenant.name);
     }
     Ok(match recent {
         Some(key) => state.recent().keep(key, response).await,
