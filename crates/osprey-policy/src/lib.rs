@@ -6,6 +6,8 @@
 //!   attack: Unicode NFKC, confusable letters, zero-width and bidi characters removed,
 //!   leetspeak, spaced-out letters, and base64 / hex / rot13 payloads decoded;
 //! - [`injection`]: prompt-injection and jailbreak rules over those views;
+//! - [`classifier`]: a trained softmax regression over character n-grams and words of the
+//!   folded text, for what the rules do not name;
 //! - [`pii`]: emails, phone numbers, payment cards (Luhn), IBANs (mod 97), US SSNs, UK NI
 //!   numbers, IP addresses, API keys and secrets (known prefixes, or entropy), street addresses
 //!   and names after a title;
@@ -22,6 +24,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod classifier;
 pub mod injection;
 pub mod normalize;
 pub mod pii;

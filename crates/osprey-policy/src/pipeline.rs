@@ -1,22 +1,39 @@
-//! Guards composed into a policy. A [`PolicyConfig`] says, per category, the score from which a
-//! finding counts and what is done then; a [`Pipeline`] runs its guards over a text and folds
+//! Guards composed into a policy. A [`PolicyConfig`] says, per category, from which score a
+//! finding is flagged, redacted or blocked; a [`Pipeline`] runs its guards over a text and folds
 //! their findings into one [`Verdict`]: the most severe action asked for, with every finding
 //! and the action it got.
 
 use serde::Deserialize;
 
+use crate::classifier::InjectionClassifier;
 use crate::injection::InjectionRules;
 use crate::pii::PiiDetector;
 use crate::{Action, Category, Guard, Source, Verdict};
 
-/// What a category's findings lead to.
-#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+/// What a category's findings lead to: the most severe action whose score (0..=1) a finding
+/// reaches; below all of them, nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CategoryRule {
-    /// Findings scoring at least this count (0..=1).
-    pub threshold: f32,
-    /// What is done with a text that has one.
-    pub action: Action,
+    /// From this score, the text is let through and the finding counted and logged.
+    pub flag: Option<f32>,
+    /// From this score, the finding's span is replaced by a placeholder (PII).
+    pub redact: Option<f32>,
+    /// From this score, the text is refused.
+    pub block: Option<f32>,
+}
+
+impl CategoryRule {
+    /// The action for a finding scoring `score`.
+    pub fn action(&self, score: f32) -> Action {
+        let reached = |t: Option<f32>| t.is_some_and(|t| score >= t);
+        match () {
+            _ if reached(self.block) => Action::Block,
+            _ if reached(self.redact) => Action::Redact,
+            _ if reached(self.flag) => Action::Flag,
+            _ => Action::Allow,
+        }
+    }
 }
 
 /// A policy: the rule of each category (a category without one is allowed).
@@ -40,21 +57,20 @@ pub struct PolicyConfig {
 }
 
 impl Default for PolicyConfig {
-    /// The standard policy: injections and jailbreaks refused when a rule is sure of them, PII
-    /// flagged.
+    /// The standard policy: injections and jailbreaks flagged from 0.5 (the held-out operating
+    /// point) and refused from 0.8, PII flagged.
     fn default() -> Self {
+        let attack = CategoryRule {
+            flag: Some(0.5),
+            redact: None,
+            block: Some(0.8),
+        };
         Self {
-            prompt_injection: Some(CategoryRule {
-                threshold: 0.8,
-                action: Action::Block,
-            }),
-            jailbreak: Some(CategoryRule {
-                threshold: 0.8,
-                action: Action::Block,
-            }),
+            prompt_injection: Some(attack),
+            jailbreak: Some(attack),
             pii: Some(CategoryRule {
-                threshold: 0.5,
-                action: Action::Flag,
+                flag: Some(0.5),
+                ..CategoryRule::default()
             }),
             deny: Vec::new(),
             output_pii: None,
@@ -89,17 +105,21 @@ pub struct Pipeline {
 }
 
 impl Default for Pipeline {
-    /// The injection rules and the PII detectors under the standard policy.
+    /// The injection rules, the classifier and the PII detectors under the standard policy.
     fn default() -> Self {
         Self::new(PolicyConfig::default())
     }
 }
 
 impl Pipeline {
-    /// The injection rules and the PII detectors under `config`.
+    /// The injection rules, the injection classifier and the PII detectors under `config`.
     pub fn new(config: PolicyConfig) -> Self {
         Self {
-            guards: vec![Box::new(InjectionRules), Box::new(PiiDetector)],
+            guards: vec![
+                Box::new(InjectionRules),
+                Box::new(InjectionClassifier),
+                Box::new(PiiDetector),
+            ],
             config,
         }
     }
@@ -121,9 +141,9 @@ impl Pipeline {
         for guard in &self.guards {
             for finding in guard.check(text, source) {
                 let action = match self.config.rule(finding.category) {
-                    Some(r) if finding.score >= r.threshold => r.action,
-                    Some(_) | None if finding.category == Category::Denied => Action::Block,
-                    _ => Action::Allow,
+                    Some(r) => r.action(finding.score),
+                    None if finding.category == Category::Denied => Action::Block,
+                    None => Action::Allow,
                 };
                 verdict.action = verdict.action.max(action);
                 verdict.findings.push((finding, action));
@@ -136,6 +156,46 @@ impl Pipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The whole pipeline on the held-out split, attack score = the larger of injection and
+    /// jailbreak (rules or classifier): recall and false-positive rate at a few thresholds,
+    /// printed with `--nocapture`. At the standard flagging score (0.5) it must stay near what
+    /// was measured (0.91 recall at 0.046 FPR when written).
+    #[test]
+    fn held_out_recall_and_false_positives_of_the_pipeline() {
+        let heldout = crate::classifier::parse(include_str!("../data/injection-heldout.jsonl"));
+        let p = Pipeline::default();
+        let scored: Vec<(bool, f32)> = heldout
+            .iter()
+            .map(|e| {
+                let v = p.check(&e.text, Source::User);
+                let score = v
+                    .score(Category::PromptInjection)
+                    .max(v.score(Category::Jailbreak));
+                (e.label != "benign", score)
+            })
+            .collect();
+        for threshold in [0.3, 0.5, 0.6, 0.7, 0.8, 0.9] {
+            let tp = scored.iter().filter(|(a, s)| *a && *s >= threshold).count();
+            let pos = scored.iter().filter(|(a, _)| *a).count();
+            let fp = scored
+                .iter()
+                .filter(|(a, s)| !*a && *s >= threshold)
+                .count();
+            let neg = scored.len() - pos;
+            println!(
+                "threshold {threshold:.1}: recall {:.3} ({tp}/{pos}), FPR {:.3} ({fp}/{neg})",
+                tp as f64 / pos as f64,
+                fp as f64 / neg as f64
+            );
+        }
+        let flagged = |attack: bool| {
+            let of = scored.iter().filter(|(a, _)| *a == attack);
+            of.clone().filter(|(_, s)| *s >= 0.5).count() as f64 / of.count() as f64
+        };
+        assert!(flagged(true) >= 0.85, "recall {}", flagged(true));
+        assert!(flagged(false) <= 0.08, "FPR {}", flagged(false));
+    }
 
     #[test]
     fn the_policy_decides_what_findings_lead_to() {
@@ -155,13 +215,13 @@ mod tests {
 
         let lenient = Pipeline::new(PolicyConfig {
             prompt_injection: Some(CategoryRule {
-                threshold: 0.99,
-                action: Action::Block,
+                block: Some(0.99),
+                ..CategoryRule::default()
             }),
             jailbreak: None,
             pii: Some(CategoryRule {
-                threshold: 0.5,
-                action: Action::Redact,
+                redact: Some(0.5),
+                ..CategoryRule::default()
             }),
             ..PolicyConfig::default()
         });

@@ -19,9 +19,12 @@
 //! policy = "strict"            # a [policies.NAME] (default: standard)
 //!
 //! [policies.strict]
-//! prompt_injection = { threshold = 0.5, action = "block" }
-//! jailbreak = { threshold = 0.5, action = "block" }
-//! pii = { threshold = 0.5, action = "redact" }
+//! prompt_injection = { flag = 0.3, block = 0.5 }
+//! jailbreak = { flag = 0.3, block = 0.5 }
+//! pii = { redact = 0.5 }
+//! deny = ["internal codename"]
+//! output_pii = "redact"
+//! restore_pii = true
 //!
 //! [models.llama-70b]
 //! url = "http://10.0.0.5:8000/v1"

