@@ -92,7 +92,12 @@ async fn moderations_report_categories_scores_and_pii_spans() {
     );
     assert_eq!(pii["categories"]["pii"], true);
     assert_eq!(benign["flagged"], false);
-    assert!(benign["category_scores"]["prompt_injection"].as_f64().unwrap() < 0.5);
+    assert!(
+        benign["category_scores"]["prompt_injection"]
+            .as_f64()
+            .unwrap()
+            < 0.5
+    );
     // One string is an input too; anything else is a clear error.
     let (status, one) = post(&base, "/v1/moderations", json!({"input": "hello"})).await;
     assert_eq!((status, one["results"].as_array().unwrap().len()), (200, 1));

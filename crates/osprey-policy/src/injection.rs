@@ -125,8 +125,19 @@ const RULES: &[Rule] = &[
 ];
 
 static SET: LazyLock<RegexSet> = LazyLock::new(|| {
-    RegexSet::new(RULES.iter().map(|r| format!("(?s){}", r.pattern))).expect("valid rules")
+    RegexSet::new(
+        RULES
+            .iter()
+            .map(|r| format!("(?s){}", ascii_boundaries(r.pattern))),
+    )
+    .expect("valid rules")
 });
+
+/// `pattern` with ASCII word boundaries: Unicode ones stop the regex engine's DFA on any
+/// non-ASCII text, and the slower engine it falls back to costs milliseconds per prompt.
+pub(crate) fn ascii_boundaries(pattern: &str) -> String {
+    pattern.replace(r"\b", r"(?-u:\b)")
+}
 
 /// Raised score of a rule found only in an obfuscated view: someone took the trouble to hide it.
 const HIDDEN_BONUS: f32 = 0.05;

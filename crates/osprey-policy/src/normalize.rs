@@ -135,8 +135,9 @@ fn deleet(text: &str) -> String {
 /// Runs of single letters separated by one space, dot, dash or underscore (`i g n o r e`)
 /// joined into words; word gaps (two or more separators) stay a space.
 fn despace(text: &str) -> String {
-    static SPACED: LazyLock<Regex> =
-        LazyLock::new(|| Regex::new(r"\b(?:\w[ ._\-]){3,}\w\b").expect("a valid pattern"));
+    static SPACED: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"(?-u:\b)(?:\w[ ._\-]){3,}\w(?-u:\b)").expect("a valid pattern")
+    });
     SPACED
         .replace_all(text, |m: &regex::Captures| {
             m[0].chars()

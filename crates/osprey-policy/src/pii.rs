@@ -120,7 +120,8 @@ struct Detector {
 fn detector(kind: PiiKind, pattern: &str, check: fn(&str) -> bool, score_pct: u8) -> Detector {
     Detector {
         kind,
-        pattern: Regex::new(pattern).expect("a valid PII pattern"),
+        pattern: Regex::new(&crate::injection::ascii_boundaries(pattern))
+            .expect("a valid PII pattern"),
         group: 0,
         check,
         score_pct,

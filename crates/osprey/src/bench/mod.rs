@@ -6,7 +6,10 @@
 //!   context depth, as llama-bench's `-d` does.
 //! - `osprey bench serve`: load against OpenAI-compatible servers (workloads A, B, F of
 //!   `../shared/BENCHMARKS.md`), several of them interleaved, with ratios.
+//! - `osprey bench guards`: the cost of the safety layer (input pipeline latency, the output
+//!   filter's time per token and hold-back).
 
+mod guards;
 mod model;
 mod serve;
 
@@ -19,11 +22,14 @@ pub enum BenchCommand {
     Model(model::ModelBenchArgs),
     /// Load on OpenAI-compatible servers: tokens/s, TTFT, TPOT (optionally two, compared).
     Serve(Box<serve::ServeBenchArgs>),
+    /// The safety layer's cost: input pipeline latency, output filter per token and hold-back.
+    Guards(guards::GuardsBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Model(args) => model::run(args),
         BenchCommand::Serve(args) => serve::run(*args),
+        BenchCommand::Guards(args) => guards::run(args),
     }
 }
