@@ -160,7 +160,7 @@ mod tests {
     /// The whole pipeline on the held-out split, attack score = the larger of injection and
     /// jailbreak (rules or classifier): recall and false-positive rate at a few thresholds,
     /// printed with `--nocapture`. At the standard flagging score (0.5) it must stay near what
-    /// was measured (0.91 recall at 0.046 FPR when written).
+    /// was measured (0.875 recall at 0.002 FPR when written).
     #[test]
     fn held_out_recall_and_false_positives_of_the_pipeline() {
         let heldout = crate::classifier::parse(include_str!("../data/injection-heldout.jsonl"));
