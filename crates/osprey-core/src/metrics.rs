@@ -90,6 +90,8 @@ pub const DEGRADED: &str = "osprey_requests_degraded_total";
 pub const AUTO_ANSWERS_ESCALATED: &str = "osprey_auto_answers_escalated_total";
 /// Counter: guard findings acted on, by category, action and source of the text.
 pub const GUARD_VERDICTS: &str = "osprey_guard_verdicts_total";
+/// Counter: keys (or tenants) throttled for too many flagged requests.
+pub const ABUSE_THROTTLED: &str = "osprey_abuse_throttled_total";
 /// Counter: repeats of an idempotent request given the first one's answer.
 pub const REPLAYED: &str = "osprey_requests_replayed_total";
 /// Counter: answers served from the recent answers, by why (`degraded`, `fallback`).

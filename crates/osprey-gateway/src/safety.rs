@@ -4,7 +4,13 @@
 //! as the caller's; `tool` messages as untrusted text, where an instruction is an indirect
 //! injection. A text the policy blocks is refused (400 `content_policy_violation`, naming the
 //! rules, never the text); one it redacts goes on with its PII replaced by placeholders; every
-//! finding acted on is counted (`osprey_guard_verdicts_total`) and logged without the text.
+//! finding acted on is counted (`osprey_guard_verdicts_total`), logged and written to the
+//! store's audit log, without the text ([`Auditor`]).
+//!
+//! Abuse: an API key whose requests are flagged as injections or jailbreaks `abuse_limit` times
+//! (its tenant's policy; default 20) within [`ABUSE_WINDOW`] is throttled (429
+//! `abuse_throttled`) until the window has room again ([`Abuse`]). On a server without keys
+//! every caller is the same open tenant, so nobody is throttled; verdicts are still recorded.
 //!
 //! On the way out, [`filter_output`] applies the policy's output rules (deny-listed phrases,
 //! PII in answers) to every choice of an answer, streamed or not, and puts back the values
@@ -14,18 +20,22 @@
 //! `data: [DONE]`. `logprobs` are refused under output rules: they would show the held-back
 //! tokens.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::response::Response;
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
-use osprey_core::Error;
+use osprey_core::{Error, ErrorKind};
 use osprey_policy::pipeline::{Pipeline, PolicyConfig};
 use osprey_policy::redact::Redactor;
 use osprey_policy::stream::{OutputFilter, Stop};
-use osprey_policy::{Action, Source, Verdict};
+use osprey_policy::{Action, Category, Source, Verdict};
+use osprey_store::{AuditEntry, Store};
+
+use crate::edge::Caller;
 use serde_json::Value;
 
 /// The pipelines by policy name, and the standard one.
@@ -75,14 +85,26 @@ pub struct Screened {
     pub body: Bytes,
     /// What was redacted, to be put back in the answer (when the policy says so).
     pub restore: Option<Arc<Redactor>>,
+    /// Whether an injection or jailbreak was flagged (for abuse counting).
+    pub attack: bool,
+}
+
+/// Whether `verdict` acts on an injection or a jailbreak.
+fn is_attack(verdict: &Verdict) -> bool {
+    verdict.flagged(Category::PromptInjection) || verdict.flagged(Category::Jailbreak)
 }
 
 /// Screens the input of a generation request (`body`; one that is not JSON is left to the
-/// handler to refuse) under `pipeline` for `tenant`.
-pub fn screen_input(pipeline: &Pipeline, tenant: &str, body: &Bytes) -> Result<Screened, Error> {
+/// handler to refuse) under `pipeline`, recording verdicts with `auditor`.
+pub fn screen_input(
+    pipeline: &Pipeline,
+    auditor: &Auditor,
+    body: &Bytes,
+) -> Result<Screened, Error> {
     let unchanged = || Screened {
         body: body.clone(),
         restore: None,
+        attack: false,
     };
     let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
         return Ok(unchanged());
@@ -99,10 +121,11 @@ pub fn screen_input(pipeline: &Pipeline, tenant: &str, body: &Bytes) -> Result<S
         ));
     }
     let mut redactor = Redactor::default();
-    let mut redacted = false;
+    let (mut redacted, mut attack) = (false, false);
     let mut screen = |text: &mut String, source: Source| -> Result<(), Error> {
         let verdict = pipeline.check(text, source);
-        record(tenant, source, &verdict);
+        auditor.record(source, &verdict);
+        attack |= is_attack(&verdict);
         match verdict.action {
             Action::Block => Err(blocked(&verdict)),
             Action::Redact => {
@@ -130,9 +153,13 @@ pub fn screen_input(pipeline: &Pipeline, tenant: &str, body: &Bytes) -> Result<S
         }
     }
     if !redacted {
-        return Ok(unchanged());
+        return Ok(Screened {
+            attack,
+            ..unchanged()
+        });
     }
     Ok(Screened {
+        attack,
         body: serde_json::to_vec(&v).expect("JSON serialises").into(),
         restore: pipeline.config().restore_pii.then(|| Arc::new(redactor)),
     })
@@ -144,7 +171,7 @@ pub fn filter_output(
     response: Response,
     pipeline: &Pipeline,
     restore: Option<Arc<Redactor>>,
-    tenant: &str,
+    auditor: &Auditor,
 ) -> Response {
     let rules = pipeline.config().output_rules();
     if !(rules.is_active() || restore.is_some()) || !response.status().is_success() {
@@ -156,9 +183,9 @@ pub fn filter_output(
     let streamed = (parts.headers.get(axum::http::header::CONTENT_TYPE))
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.starts_with("text/event-stream"));
-    let tenant = tenant.to_owned();
+    let auditor = auditor.clone();
     if streamed {
-        let events = filter_stream(body, new_filter, tenant);
+        let events = filter_stream(body, new_filter, auditor);
         return Response::from_parts(parts, Body::from_stream(events));
     }
     let body = futures_util::stream::once(async move {
@@ -176,7 +203,7 @@ pub fn filter_output(
                 Err(stop) => {
                     text.clear();
                     choice["finish_reason"] = "content_filter".into();
-                    stopped(&tenant, stop);
+                    auditor.stopped(stop);
                 }
             }
         }
@@ -225,7 +252,7 @@ fn as_string(v: &mut Value) -> Option<&mut String> {
 fn filter_stream(
     body: Body,
     new_filter: impl Fn() -> OutputFilter + Send + 'static,
-    tenant: String,
+    auditor: Auditor,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send {
     let mut events = body.into_data_stream().eventsource();
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
@@ -274,7 +301,7 @@ fn filter_stream(
                 return;
             }
             if let Some(s) = stop {
-                stopped(&tenant, s);
+                auditor.stopped(s);
                 let _ = tx.send(data("[DONE]")).await;
                 // Dropping the answer's body cancels its generation.
                 return;
@@ -292,22 +319,6 @@ fn has_more_than_text(choice: &Value) -> bool {
 
 fn data(payload: &str) -> Bytes {
     format!("data: {payload}\n\n").into()
-}
-
-/// Counts and logs an answer the output rules stopped.
-fn stopped(tenant: &str, stop: Stop) {
-    metrics::counter!(
-        osprey_core::metrics::GUARD_VERDICTS,
-        "category" => match stop { Stop::Denied => "denied", Stop::Pii(_) => "pii" },
-        "action" => "block",
-        "source" => "model",
-    )
-    .increment(1);
-    tracing::warn!(
-        tenant,
-        rule = stop.rule(),
-        "answer stopped by the output policy"
-    );
 }
 
 /// The strings of a message content or a prompt: a string, text parts, or a list of strings.
@@ -329,26 +340,144 @@ fn texts(content: &mut Value) -> Vec<&mut String> {
     }
 }
 
-/// Counts and logs the findings acted on (never the text).
-pub fn record(tenant: &str, source: Source, verdict: &Verdict) {
-    for (finding, action) in verdict.findings.iter().filter(|(_, a)| *a > Action::Allow) {
+/// Records the verdicts of one caller's request: counted, logged and written to the audit
+/// log, never with the text.
+#[derive(Clone)]
+pub struct Auditor {
+    store: Option<Store>,
+    tenant: String,
+    key_id: Option<String>,
+}
+
+impl Auditor {
+    /// For `caller`, writing to `store` if there is one.
+    pub fn new(store: Option<Store>, caller: &Caller) -> Self {
+        Self {
+            store,
+            tenant: caller.tenant.name.clone(),
+            key_id: caller.key_id.clone(),
+        }
+    }
+
+    /// The key abuse is counted against, if the request used one.
+    pub fn key(&self) -> Option<&str> {
+        self.key_id.as_deref()
+    }
+
+    /// Records the findings of `verdict` acted on.
+    pub fn record(&self, source: Source, verdict: &Verdict) {
+        let acted = verdict.findings.iter().filter(|(_, a)| *a > Action::Allow);
+        let entries: Vec<AuditEntry> = acted
+            .map(|(f, a)| self.entry(source, f.category.as_str(), f.rule, *a, f.score))
+            .collect();
+        self.write(entries);
+    }
+
+    /// Records an answer the output rules stopped.
+    fn stopped(&self, stop: Stop) {
+        let category = match stop {
+            Stop::Denied => "denied",
+            Stop::Pii(_) => "pii",
+        };
+        let entry = self.entry(Source::Model, category, stop.rule(), Action::Block, 1.0);
+        self.write(vec![entry]);
+    }
+
+    fn entry(
+        &self,
+        source: Source,
+        category: &str,
+        rule: &str,
+        action: Action,
+        score: f32,
+    ) -> AuditEntry {
         metrics::counter!(
             osprey_core::metrics::GUARD_VERDICTS,
-            "category" => finding.category.as_str(),
-            "action" => action_name(*action),
+            "category" => category.to_owned(),
+            "action" => action_name(action),
             "source" => source_name(source),
         )
         .increment(1);
         tracing::warn!(
-            tenant,
+            tenant = %self.tenant,
+            key = self.key_id.as_deref().unwrap_or("-"),
             source = source_name(source),
-            category = finding.category.as_str(),
-            rule = finding.rule,
-            score = finding.score,
-            action = action_name(*action),
+            category,
+            rule,
+            score,
+            action = action_name(action),
             "guard verdict"
         );
+        AuditEntry {
+            at: 0,
+            tenant: self.tenant.clone(),
+            key_id: self.key_id.clone(),
+            source: source_name(source).to_owned(),
+            category: category.to_owned(),
+            rule: rule.to_owned(),
+            action: action_name(action).to_owned(),
+            score: f64::from(score),
+        }
     }
+
+    fn write(&self, entries: Vec<AuditEntry>) {
+        if let (Some(store), false) = (self.store.clone(), entries.is_empty()) {
+            tokio::spawn(async move {
+                if let Err(e) = store.audit(&entries).await {
+                    tracing::error!(error = %e, "the audit log could not be written");
+                }
+            });
+        }
+    }
+}
+
+/// How far back flagged requests count towards a key's abuse limit.
+pub const ABUSE_WINDOW: Duration = Duration::from_secs(600);
+
+/// Flagged requests per key within [`ABUSE_WINDOW`].
+#[derive(Default)]
+pub struct Abuse {
+    flagged: Mutex<HashMap<String, VecDeque<Instant>>>,
+}
+
+impl Abuse {
+    /// Counts a flagged request of `who`; returns how many it has in the window.
+    pub fn record(&self, who: &str) -> usize {
+        let mut flagged = self.flagged.lock().expect("abuse lock");
+        let times = flagged.entry(who.to_owned()).or_default();
+        let now = Instant::now();
+        times.push_back(now);
+        while times.front().is_some_and(|t| now - *t > ABUSE_WINDOW) {
+            times.pop_front();
+        }
+        times.len()
+    }
+
+    /// If `who` has `limit` flagged requests or more in the window: how long until it has
+    /// fewer.
+    pub fn throttled(&self, who: &str, limit: u32) -> Option<Duration> {
+        let mut flagged = self.flagged.lock().expect("abuse lock");
+        let times = flagged.get_mut(who)?;
+        let now = Instant::now();
+        while times.front().is_some_and(|t| now - *t > ABUSE_WINDOW) {
+            times.pop_front();
+        }
+        let over = times.len().checked_sub(limit as usize)?;
+        // Room again once the oldest `over + 1` have left the window.
+        let t = times.get(over)?;
+        Some(ABUSE_WINDOW.saturating_sub(now - *t))
+    }
+}
+
+/// The refusal of a throttled key.
+pub fn throttled(wait: Duration) -> Error {
+    Error::new(
+        ErrorKind::RateLimited,
+        "Too many of this key's recent requests were flagged by the safety policy; it is \
+         throttled for a while.",
+    )
+    .with_code("abuse_throttled")
+    .with_retry_after(wait.as_secs().max(1))
 }
 
 /// The refusal of a blocked input, naming the rules that blocked it.

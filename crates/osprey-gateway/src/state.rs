@@ -11,7 +11,7 @@ use osprey_engine::Engine;
 use crate::degrade::Degradation;
 use crate::edge::Edge;
 use crate::replay::Answers;
-use crate::safety::Policies;
+use crate::safety::{Abuse, Policies};
 use crate::upstream::Upstream;
 use crate::workers::WorkerPool;
 use osprey_router::tiers::Tiers;
@@ -36,6 +36,8 @@ struct Inner {
     recent: Answers,
     /// The safety policies (off on workers: their gateway screened).
     policies: Option<Policies>,
+    /// Flagged requests per key.
+    abuse: Abuse,
     store: Option<Store>,
     batch_added: Notify,
     edge: Arc<Edge>,
@@ -85,6 +87,7 @@ impl AppState {
                 replays: Answers::default(),
                 recent: Answers::default(),
                 policies: Some(Policies::default()),
+                abuse: Abuse::default(),
                 store: None,
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
@@ -172,6 +175,16 @@ impl AppState {
         let inner = Arc::get_mut(&mut self.inner).expect("with_policies before sharing");
         inner.policies = policies;
         self
+    }
+
+    /// Flagged requests per key, for throttling abuse.
+    pub fn abuse(&self) -> &Abuse {
+        &self.inner.abuse
+    }
+
+    /// Where safety verdicts are audited: the store, or the key store.
+    pub fn audit_store(&self) -> Option<Store> {
+        self.store().or(self.edge().auth().store()).cloned()
     }
 
     /// The safety policies, unless off.

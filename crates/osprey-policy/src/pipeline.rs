@@ -54,7 +54,13 @@ pub struct PolicyConfig {
     /// Whether values redacted from a caller's input are put back in the answer to them.
     #[serde(default)]
     pub restore_pii: bool,
+    /// Requests flagged as injections or jailbreaks within ten minutes after which a key is
+    /// throttled (default [`DEFAULT_ABUSE_LIMIT`]; 0: never).
+    pub abuse_limit: Option<u32>,
 }
+
+/// Flagged requests within ten minutes after which a key is throttled, by default.
+pub const DEFAULT_ABUSE_LIMIT: u32 = 20;
 
 impl Default for PolicyConfig {
     /// The standard policy: injections and jailbreaks flagged from 0.5 (the held-out operating
@@ -75,11 +81,21 @@ impl Default for PolicyConfig {
             deny: Vec::new(),
             output_pii: None,
             restore_pii: false,
+            abuse_limit: None,
         }
     }
 }
 
 impl PolicyConfig {
+    /// The abuse limit, if keys are throttled.
+    pub fn abuse_limit(&self) -> Option<u32> {
+        match self.abuse_limit {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => Some(DEFAULT_ABUSE_LIMIT),
+        }
+    }
+
     /// What answers are filtered for.
     pub fn output_rules(&self) -> crate::stream::OutputRules {
         crate::stream::OutputRules {

@@ -2,7 +2,8 @@
 //!
 //! The embedded default is SQLite at `$OSPREY_HOME/osprey.db` (WAL journal, `synchronous =
 //! FULL`, so an acknowledged write survives a crash); migrations run on open. Today the store
-//! holds API keys ([`keys`]) and the Batch API's files and batches ([`batches`]); conversations, prompts, memory and documents join it in [6/13],
+//! holds API keys ([`keys`]), the Batch API's files and batches ([`batches`]) and the safety
+//! audit log ([`audit`]); conversations, prompts, memory and documents join it in [6/13],
 //! with Postgres as the scaled backend behind the same interface.
 //!
 //! ```no_run
@@ -16,6 +17,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod audit;
 pub mod batches;
 pub mod keys;
 
@@ -25,6 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+pub use audit::AuditEntry;
 pub use batches::{BatchRecord, FileRecord};
 pub use keys::{CreatedKey, KeyRecord, NewKey};
 

@@ -1,5 +1,6 @@
 //! The admin API, behind the admin key: `POST /admin/keys`, `GET /admin/keys`,
-//! `DELETE /admin/keys/{id}` (revocation, seen by every replica).
+//! `DELETE /admin/keys/{id}` (revocation, seen by every replica), and `GET /admin/audit`
+//! (`?tenant=NAME&limit=N`): the safety audit log, newest first.
 
 use axum::Json;
 use axum::Router;
@@ -20,6 +21,7 @@ pub fn router(state: AppState) -> Router<AppState> {
     Router::new()
         .route("/admin/keys", get(list_keys).post(create_key))
         .route("/admin/keys/{id}", delete(revoke_key))
+        .route("/admin/audit", get(audit_log))
         .route_layer(axum::middleware::from_fn_with_state(state, admin_only))
 }
 
@@ -127,6 +129,32 @@ async fn create_key(
 async fn list_keys(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
     let keys = store(&state)?.list_keys().await.map_err(store_error)?;
     let data: Vec<_> = keys.iter().map(key_json).collect();
+    Ok(Json(serde_json::json!({"object": "list", "data": data})))
+}
+
+#[derive(Deserialize)]
+struct AuditQuery {
+    tenant: Option<String>,
+    limit: Option<i64>,
+}
+
+async fn audit_log(
+    State(state): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<AuditQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
+    let entries = store(&state)?
+        .audit_log(q.tenant.as_deref(), limit)
+        .await
+        .map_err(store_error)?;
+    let data: Vec<_> = entries
+        .iter()
+        .map(|e| {
+            serde_json::json!({"at": e.at / 1000, "tenant": e.tenant, "key_id": e.key_id,
+                "source": e.source, "category": e.category, "rule": e.rule,
+                "action": e.action, "score": e.score})
+        })
+        .collect();
     Ok(Json(serde_json::json!({"object": "list", "data": data})))
 }
 

@@ -141,8 +141,9 @@ async fn generate<R: Routed>(
     let (mut body, guarded) = match state.policies() {
         Some(p) => {
             let pipeline = p.get(tenant.policy.as_deref()).clone();
-            let screened = crate::safety::screen_input(&pipeline, &tenant.name, &body)?;
-            (screened.body, Some((pipeline, screened.restore)))
+            let auditor = crate::safety::Auditor::new(state.audit_store(), &admitted.caller);
+            let screened = screen(&state, &pipeline, &auditor, &body)?;
+            (screened.body, Some((pipeline, screened.restore, auditor)))
         }
         None => (body, None),
     };
@@ -207,8 +208,8 @@ async fn generate<R: Routed>(
             headers.insert(ROUTE_REASON, reason);
         }
     }
-    if let Some((pipeline, restore)) = guarded {
-        response = crate::safety::filter_output(response, &pipeline, restore, &tenant.name);
+    if let Some((pipeline, restore, auditor)) = guarded {
+        response = crate::safety::filter_output(response, &pipeline, restore, &auditor);
     }
     Ok(match recent {
         Some(key) => state.recent().keep(key, response).await,
@@ -260,6 +261,35 @@ async fn checked<R: Routed>(
             Ok(answer.response_with(&json))
         }
     }
+}
+
+/// Screens a request's input under `pipeline`, refusing a caller throttled for abuse and
+/// counting the attacks it is flagged for.
+fn screen(
+    state: &AppState,
+    pipeline: &osprey_policy::pipeline::Pipeline,
+    auditor: &crate::safety::Auditor,
+    body: &Bytes,
+) -> Result<crate::safety::Screened, osprey_core::Error> {
+    let limit = pipeline.config().abuse_limit();
+    let key = auditor.key().filter(|_| limit.is_some());
+    if let (Some(key), Some(limit)) = (key, limit)
+        && let Some(wait) = state.abuse().throttled(key, limit)
+    {
+        return Err(crate::safety::throttled(wait));
+    }
+    let screened = crate::safety::screen_input(pipeline, auditor, body);
+    let attack = match &screened {
+        Ok(s) => s.attack,
+        Err(e) => e.code.as_deref() == Some("content_policy_violation"),
+    };
+    if let (Some(key), Some(limit), true) = (key, limit, attack)
+        && state.abuse().record(key) == limit as usize
+    {
+        tracing::warn!(key, limit, "key throttled for abuse");
+        metrics::counter!(osprey_core::metrics::ABUSE_THROTTLED).increment(1);
+    }
+    screened
 }
 
 /// Marks `response` degraded to `level`, if it was, and counts it.

@@ -58,7 +58,6 @@ pub async fn create(
         .iter()
         .map(|text| {
             let verdict = pipeline.check(text, Source::User);
-            crate::safety::record(&caller.tenant.name, Source::User, &verdict);
             let categories: serde_json::Map<String, Value> = CATEGORIES
                 .iter()
                 .map(|c| (c.as_str().to_owned(), verdict.flagged(*c).into()))
