@@ -112,15 +112,16 @@ async fn a_failing_upstream_falls_back_to_the_local_engine() {
 /// `"model": "auto"` over two tiers: the local engine (small) and another Osprey serving the
 /// same engine as `large` upstream. The classifier sends easy work small and code or reasoning
 /// large; premium goes large; the response names tier, model and reason.
-#[tokio::test]
-async fn auto_picks_the_tier_by_task_and_says_why() {
+/// A server with two `auto` tiers: `small` on the local engine and `big`, the model `large`
+/// served by the Osprey at `large_url`, made by `tiers` from the two.
+async fn two_tiers(
+    large_url: &str,
+    tiers: impl FnOnce(Vec<osprey_router::tiers::Tier>) -> osprey_router::tiers::Tiers,
+) -> String {
     use osprey_gateway::config::UpstreamConfig;
     use osprey_gateway::edge::Edge;
     use osprey_gateway::upstream::{Upstream, http_client};
-    use osprey_router::tiers::{Tier, Tiers};
-    let large = AppState::new("large");
-    large.set_engine(osprey_testkit::shared_engine());
-    let large_url = serve(large).await;
+    use osprey_router::tiers::Tier;
     let config = UpstreamConfig {
         url: format!("{large_url}/v1"),
         api_key_env: None,
@@ -134,11 +135,25 @@ async fn auto_picks_the_tier_by_task_and_says_why() {
         name: name.into(),
         model: model.into(),
     };
-    let tiers = Tiers::new(vec![tier("small", MODEL), tier("big", "large")], 0.6).unwrap();
+    let tiers = tiers(vec![tier("small", MODEL), tier("big", "large")]);
     let state =
         AppState::with_models(Some(MODEL.into()), upstreams, Edge::open()).with_tiers(tiers);
     state.set_engine(osprey_testkit::shared_engine());
-    let base = serve(state).await;
+    serve(state).await
+}
+
+/// The model `large`, served by another Osprey over the shared engine; its base URL.
+async fn large() -> String {
+    let large = AppState::new("large");
+    large.set_engine(osprey_testkit::shared_engine());
+    serve(large).await
+}
+
+#[tokio::test]
+async fn auto_picks_the_tier_by_task_and_says_why() {
+    use osprey_router::tiers::Tiers;
+    let large_url = large().await;
+    let base = two_tiers(&large_url, |t| Tiers::new(t, 0.6).unwrap()).await;
     let ask = async |text: &str, extra: Value| {
         let mut body = json!({"model": "auto", "messages": [{"role": "user", "content": text}], "max_tokens": 2});
         if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
@@ -192,33 +207,16 @@ async fn auto_picks_the_tier_by_task_and_says_why() {
 /// small tier answers, and the logprobs asked for the check are gone unless the client asked.
 #[tokio::test]
 async fn a_doubtful_answer_is_asked_of_the_tier_above() {
-    use osprey_gateway::config::UpstreamConfig;
-    use osprey_gateway::edge::Edge;
-    use osprey_gateway::upstream::{Upstream, http_client};
-    use osprey_router::tiers::{Tier, Tiers};
-    let large = AppState::new("large");
-    large.set_engine(osprey_testkit::shared_engine());
-    let large_url = serve(large).await;
+    use osprey_router::tiers::Tiers;
+    let large_url = large().await;
     let gateway = async |floor: f64| {
-        let config = UpstreamConfig {
-            url: format!("{large_url}/v1"),
-            api_key_env: None,
-            model: None,
-            timeout_secs: None,
-            max_retries: None,
-            fallbacks: None,
+        let tiers = |t| {
+            Tiers::new(t, 0.0)
+                .unwrap()
+                .with_answer_floor(floor)
+                .unwrap()
         };
-        let upstreams = vec![Upstream::new("large", &config, http_client()).unwrap()];
-        let tier = |name: &str, model: &str| Tier {
-            name: name.into(),
-            model: model.into(),
-        };
-        let tiers = Tiers::new(vec![tier("small", MODEL), tier("big", "large")], 0.0).unwrap();
-        let tiers = tiers.with_answer_floor(floor).unwrap();
-        let state =
-            AppState::with_models(Some(MODEL.into()), upstreams, Edge::open()).with_tiers(tiers);
-        state.set_engine(osprey_testkit::shared_engine());
-        serve(state).await
+        two_tiers(&large_url, tiers).await
     };
     let ask = async |base: &str, extra: Value| {
         let mut body = json!({"model": "auto", "max_tokens": 6, "temperature": 0,

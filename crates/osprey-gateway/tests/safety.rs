@@ -14,7 +14,11 @@ const MODEL: &str = "smollm2-135m-instruct";
 
 /// A server over the shared engine under `policies`; its base URL.
 async fn server(policies: Policies) -> String {
-    let state = AppState::new(MODEL).with_policies(Some(policies));
+    serve(AppState::new(MODEL).with_policies(Some(policies))).await
+}
+
+/// Serves `state` (its engine set to the shared one) on a free port; its base URL.
+async fn serve(state: AppState) -> String {
     state.set_engine(osprey_testkit::shared_engine());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -343,18 +347,7 @@ async fn flagged_keys_are_audited_and_throttled() {
     let state = AppState::with_models(Some(MODEL.into()), Vec::new(), edge)
         .with_store(store.clone())
         .with_policies(Some(policies));
-    state.set_engine(osprey_testkit::shared_engine());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        osprey_gateway::serve(
-            listener,
-            state,
-            &HttpConfig::default(),
-            std::future::pending(),
-        )
-        .await
-    });
+    let base = serve(state).await;
     let chat = async |key: &str, text: &str| {
         let body = json!({"model": MODEL, "max_tokens": 2,
             "messages": [{"role": "user", "content": text}]});
