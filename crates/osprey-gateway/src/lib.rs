@@ -60,6 +60,10 @@ pub async fn serve(
     config: &HttpConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    if state.policies().is_some() {
+        // Trained before the first request rather than during it.
+        let _ = tokio::task::spawn_blocking(osprey_policy::classifier::Classifier::shipped).await;
+    }
     let sampler = sample_load(state.clone());
     let batches = tokio::spawn(routes::batches::run_batches(state.clone()));
     let served = serve_router(listener, router(state, config), shutdown).await;

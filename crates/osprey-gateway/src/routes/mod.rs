@@ -142,7 +142,7 @@ async fn generate<R: Routed>(
         Some(p) => {
             let pipeline = p.get(tenant.policy.as_deref()).clone();
             let auditor = crate::safety::Auditor::new(state.audit_store(), &admitted.caller);
-            let screened = screen(&state, &pipeline, &auditor, &body)?;
+            let screened = screen(&state, &pipeline, &auditor, &body).await?;
             (screened.body, Some((pipeline, screened.restore, auditor)))
         }
         None => (body, None),
@@ -263,11 +263,14 @@ async fn checked<R: Routed>(
     }
 }
 
+/// Bodies larger than this are screened on a blocking thread, off the async workers.
+const SCREEN_INLINE_BYTES: usize = 32 << 10;
+
 /// Screens a request's input under `pipeline`, refusing a caller throttled for abuse and
 /// counting the attacks it is flagged for.
-fn screen(
+async fn screen(
     state: &AppState,
-    pipeline: &osprey_policy::pipeline::Pipeline,
+    pipeline: &Arc<osprey_policy::pipeline::Pipeline>,
     auditor: &crate::safety::Auditor,
     body: &Bytes,
 ) -> Result<crate::safety::Screened, osprey_core::Error> {
@@ -278,7 +281,20 @@ fn screen(
     {
         return Err(crate::safety::throttled(wait));
     }
-    let screened = crate::safety::screen_input(pipeline, auditor, body);
+    let screened = match body.len() > SCREEN_INLINE_BYTES {
+        false => crate::safety::screen_input(pipeline, auditor, body),
+        true => {
+            let (pipeline, auditor, body) = (pipeline.clone(), auditor.clone(), body.clone());
+            let handle = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || {
+                // The auditor spawns its store writes on the runtime.
+                let _runtime = handle.enter();
+                crate::safety::screen_input(&pipeline, &auditor, &body)
+            })
+            .await
+            .map_err(|e| osprey_core::Error::new(osprey_core::ErrorKind::Internal, e.to_string()))?
+        }
+    };
     let attack = match &screened {
         Ok(s) => s.attack,
         Err(e) => e.code.as_deref() == Some("content_policy_violation"),
