@@ -29,7 +29,7 @@ use axum::response::Response;
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use osprey_core::{Error, ErrorKind};
-use osprey_policy::pipeline::{Pipeline, PolicyConfig};
+use osprey_policy::pipeline::{Audit, Pipeline, PolicyConfig};
 use osprey_policy::redact::Redactor;
 use osprey_policy::stream::{OutputFilter, Stop};
 use osprey_policy::{Action, Category, Source, Verdict};
@@ -345,15 +345,17 @@ fn texts(content: &mut Value) -> Vec<&mut String> {
 #[derive(Clone)]
 pub struct Auditor {
     store: Option<Store>,
+    audit: Audit,
     tenant: String,
     key_id: Option<String>,
 }
 
 impl Auditor {
-    /// For `caller`, writing to `store` if there is one.
-    pub fn new(store: Option<Store>, caller: &Caller) -> Self {
+    /// For `caller`, writing the verdicts `audit` covers to `store` if there is one.
+    pub fn new(store: Option<Store>, audit: Audit, caller: &Caller) -> Self {
         Self {
             store,
+            audit,
             tenant: caller.tenant.name.clone(),
             key_id: caller.key_id.clone(),
         }
@@ -369,6 +371,8 @@ impl Auditor {
         let acted = verdict.findings.iter().filter(|(_, a)| *a > Action::Allow);
         let entries: Vec<AuditEntry> = acted
             .map(|(f, a)| self.entry(source, f.category.as_str(), f.rule, *a, f.score))
+            .filter(|(_, action)| self.audit.covers(*action))
+            .map(|(entry, _)| entry)
             .collect();
         self.write(entries);
     }
@@ -379,8 +383,10 @@ impl Auditor {
             Stop::Denied => "denied",
             Stop::Pii(_) => "pii",
         };
-        let entry = self.entry(Source::Model, category, stop.rule(), Action::Block, 1.0);
-        self.write(vec![entry]);
+        let (entry, action) = self.entry(Source::Model, category, stop.rule(), Action::Block, 1.0);
+        if self.audit.covers(action) {
+            self.write(vec![entry]);
+        }
     }
 
     fn entry(
@@ -390,7 +396,7 @@ impl Auditor {
         rule: &str,
         action: Action,
         score: f32,
-    ) -> AuditEntry {
+    ) -> (AuditEntry, Action) {
         metrics::counter!(
             osprey_core::metrics::GUARD_VERDICTS,
             "category" => category.to_owned(),
@@ -408,7 +414,7 @@ impl Auditor {
             action = action_name(action),
             "guard verdict"
         );
-        AuditEntry {
+        let entry = AuditEntry {
             at: 0,
             tenant: self.tenant.clone(),
             key_id: self.key_id.clone(),
@@ -417,7 +423,8 @@ impl Auditor {
             rule: rule.to_owned(),
             action: action_name(action).to_owned(),
             score: f64::from(score),
-        }
+        };
+        (entry, action)
     }
 
     fn write(&self, entries: Vec<AuditEntry>) {

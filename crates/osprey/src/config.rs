@@ -25,6 +25,8 @@
 //! deny = ["internal codename"]
 //! output_pii = "redact"
 //! restore_pii = true
+//! guards = ["injection_rules", "injection_classifier", "pii"]   # the default: all
+//! audit = "acted"              # or "blocked", "off"
 //!
 //! [models.llama-70b]
 //! url = "http://10.0.0.5:8000/v1"
@@ -321,6 +323,15 @@ mod tests {
         assert!(e.to_string().contains("listed twice"), "{e}");
         let typo = format!("{big}[[tiers]]\nname = \"small\"\nmodle = \"big\"\n");
         assert!(check(&file(&typo)).is_err());
+        let policy = "[tenants.acme]\npolicy = \"lean\"\n[policies.lean]\nguards = [\"pii\"]\naudit = \"blocked\"\n";
+        check(&file(policy)).unwrap();
+        let e = check(&file(&policy.replace("[\"pii\"]", "[\"pi\"]"))).unwrap_err();
+        assert!(e.to_string().contains("unknown guard `pi`"), "{e}");
+        let e = check(&file("[tenants.acme]\npolicy = \"nope\"\n")).unwrap_err();
+        assert!(
+            e.to_string().contains("policy `nope` is not defined"),
+            "{e}"
+        );
         let auto = "[tenants.acme]\ndefault_model = \"auto\"\n";
         check(&file(&format!("{auto}{big}{tiers}"))).unwrap();
         let e = check(&file(&format!("{auto}{big}"))).unwrap_err();

@@ -137,6 +137,10 @@ pub fn check_default_models(
 /// The safety policies of the file's `[policies.NAME]`; every tenant's `policy` must name one
 /// (or `standard`).
 pub fn policies(file: &ConfigFile) -> anyhow::Result<osprey_gateway::safety::Policies> {
+    for (name, p) in &file.policies {
+        p.validate()
+            .map_err(|e| anyhow::anyhow!("[policies.{name}]: {e}"))?;
+    }
     let policies = osprey_gateway::safety::Policies::new(file.policies.clone());
     for (tenant, t) in &file.tenants {
         if let Some(p) = &t.policy {

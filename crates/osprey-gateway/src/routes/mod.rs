@@ -141,7 +141,8 @@ async fn generate<R: Routed>(
     let (mut body, guarded) = match state.policies() {
         Some(p) => {
             let pipeline = p.get(tenant.policy.as_deref()).clone();
-            let auditor = crate::safety::Auditor::new(state.audit_store(), &admitted.caller);
+            let audit = pipeline.config().audit;
+            let auditor = crate::safety::Auditor::new(state.audit_store(), audit, &admitted.caller);
             let screened = screen(&state, &pipeline, &auditor, &body).await?;
             (screened.body, Some((pipeline, screened.restore, auditor)))
         }
