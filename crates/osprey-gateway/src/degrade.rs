@@ -97,26 +97,6 @@ impl Degradation {
     }
 }
 
-/// `body` with `max_tokens` (or `max_completion_tokens`) at most `cap`; `None` if it already
-/// is (or the body is not a JSON object).
-pub fn cap_max_tokens(body: &Bytes, cap: u64) -> Option<Bytes> {
-    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let object = v.as_object_mut()?;
-    let field = match object.contains_key("max_completion_tokens") {
-        true => "max_completion_tokens",
-        false => "max_tokens",
-    };
-    if object
-        .get(field)
-        .and_then(|m| m.as_u64())
-        .is_some_and(|m| m <= cap)
-    {
-        return None;
-    }
-    object.insert(field.to_owned(), cap.into());
-    Some(serde_json::to_vec(&v).ok()?.into())
-}
-
 /// Whether `body` (or, when it says nothing, its tenant's default) asks for batch priority.
 pub fn is_batch(body: &Bytes, tenant_default: osprey_core::Priority) -> bool {
     let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
@@ -168,17 +148,5 @@ mod tests {
         }
         assert!(faded < 0.2, "no requests, no TTFT pressure: {faded}");
         assert_eq!(d.observe(faded), 0);
-    }
-
-    #[test]
-    fn max_tokens_is_capped_only_when_larger() {
-        let capped = cap_max_tokens(&Bytes::from_static(br#"{"max_tokens": 900}"#), 256).unwrap();
-        assert_eq!(capped, Bytes::from_static(br#"{"max_tokens":256}"#));
-        assert!(cap_max_tokens(&Bytes::from_static(br#"{"max_tokens": 16}"#), 256).is_none());
-        let unset = cap_max_tokens(&Bytes::from_static(br#"{"model": "m"}"#), 256).unwrap();
-        assert!(String::from_utf8_lossy(&unset).contains(r#""max_tokens":256"#));
-        let newer = br#"{"max_completion_tokens": 1000}"#;
-        let capped = cap_max_tokens(&Bytes::from_static(newer), 256).unwrap();
-        assert!(String::from_utf8_lossy(&capped).contains(r#""max_completion_tokens":256"#));
     }
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
@@ -260,7 +260,7 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
         .to_owned();
     if model.is_empty()
         && let Some(default) = &tenant.default_model
-        && let Some(named) = with_model(&bytes, default)
+        && let Ok(named) = crate::body::set_model(&bytes, default)
     {
         (bytes, model) = (named, default.clone());
     }
@@ -280,9 +280,9 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
         .into_iter()
         .find_map(|v| v.as_ref()?.as_u64());
     if let Some(cap) = tenant.max_tokens
-        && requested.is_none_or(|r| r > cap)
+        && let Some(capped) = crate::body::cap_max_tokens(&bytes, cap)
     {
-        bytes = clamp_max_tokens(&bytes, cap).unwrap_or(bytes);
+        bytes = capped;
     }
     let max_tokens = match (requested, tenant.max_tokens) {
         (Some(r), Some(cap)) => r.min(cap),
@@ -410,26 +410,6 @@ fn refusal(tenant: &Tenant, buckets: &[Bucket], decision: &Decision) -> Error {
         .with_retry_after(((us + 999_999) / 1_000_000).max(1) as u64),
     };
     e.with_code("rate_limit_exceeded")
-}
-
-/// Sets the body's `max_tokens` (or `max_completion_tokens`, whichever it uses) to `cap`.
-/// `bytes` (a JSON object) naming `model`.
-fn with_model(bytes: &Bytes, model: &str) -> Option<Bytes> {
-    let mut v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    v.as_object_mut()?.insert("model".to_owned(), model.into());
-    Some(serde_json::to_vec(&v).ok()?.into())
-}
-
-pub(crate) fn clamp_max_tokens(bytes: &Bytes, cap: u64) -> Option<Bytes> {
-    let mut v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    let obj = v.as_object_mut()?;
-    let field = if obj.contains_key("max_completion_tokens") {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
-    };
-    obj.insert(field.to_owned(), cap.into());
-    Some(serde_json::to_vec(&v).ok()?.into())
 }
 
 /// A place in a tenant's concurrency limit, given back on drop.
@@ -600,18 +580,5 @@ mod tests {
         assert_eq!(format_duration(1_500_000), "1.5s");
         assert_eq!(format_duration(360_000_000), "6m0s");
         assert_eq!(format_duration(0), "0ms");
-    }
-
-    #[test]
-    fn clamping_rewrites_the_field_in_use() {
-        let b = Bytes::from_static(br#"{"model":"m","max_completion_tokens":900}"#);
-        let v: serde_json::Value =
-            serde_json::from_slice(&clamp_max_tokens(&b, 64).unwrap()).unwrap();
-        assert_eq!(v["max_completion_tokens"], 64);
-        assert!(v.get("max_tokens").is_none());
-        let b = Bytes::from_static(br#"{"model":"m"}"#);
-        let v: serde_json::Value =
-            serde_json::from_slice(&clamp_max_tokens(&b, 64).unwrap()).unwrap();
-        assert_eq!(v["max_tokens"], 64);
     }
 }

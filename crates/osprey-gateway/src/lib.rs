@@ -4,6 +4,7 @@
 //! - [`edge`]: what every `/v1` request passes first: [`auth`] (API keys), tenants
 //!   ([`config`]), [`admission`] control, and [`limits`] (GCRA rate limits, in memory or shared
 //!   through Redis), with OpenAI's `x-ratelimit-*` headers on the way out;
+//! - [`body`]: the edits made to a request body on its way (its model, a `max_tokens` cap);
 //! - [`upstream`]: models served by another OpenAI-compatible server, streamed through;
 //! - [`workers`]: a model served by a pool of `osprey worker`s, each request sent where its
 //!   prompt is cached (the workers' side of that protocol is [`routes::worker_router`]);
@@ -34,6 +35,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod body;
 pub mod config;
 pub mod degrade;
 pub mod edge;

@@ -154,7 +154,7 @@ impl Upstream {
             .or_insert_with(new_request_id)
             .clone();
         let body = match &self.remote_model {
-            Some(remote) => rename_model(&body, remote)?,
+            Some(remote) => crate::body::set_model(&body, remote)?,
             None => body,
         };
         self.health
@@ -396,22 +396,6 @@ pub fn warrants_fallback(e: &Error) -> bool {
         e.kind,
         ErrorKind::BadGateway | ErrorKind::GatewayTimeout | ErrorKind::Unavailable
     )
-}
-
-/// `body` with its `model` set to `name`.
-pub(crate) fn rename_model(body: &Bytes, remote: &str) -> Result<Bytes, Error> {
-    let mut v: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid("body", format!("The request body is not valid JSON: {e}")))?;
-    let Some(object) = v.as_object_mut() else {
-        return Err(Error::invalid(
-            "body",
-            "The request body must be a JSON object.",
-        ));
-    };
-    object.insert("model".to_owned(), remote.into());
-    Ok(serde_json::to_vec(&v)
-        .expect("a JSON value serialises")
-        .into())
 }
 
 /// The upstream's failure as an error of ours: its message kept, the status mapped so that the

@@ -15,8 +15,8 @@ use osprey_router::classifier::TaskClassifier;
 use osprey_router::tiers::{Asks, Tiers};
 use serde_json::Value;
 
+use crate::body::set_model;
 use crate::edge::Caller;
-use crate::upstream::rename_model;
 
 /// The model name that asks the router to choose.
 pub const AUTO: &str = "auto";
@@ -100,7 +100,7 @@ pub fn route(
         Some(floor) => match tiers.above(tier, allowed) {
             Some(up) => Some(AnswerCheck {
                 floor,
-                body: rename_model(body, &up.model)?,
+                body: set_model(body, &up.model)?,
                 model: up.model.clone(),
                 tier: up.name.clone(),
             }),
@@ -109,7 +109,7 @@ pub fn route(
         None => None,
     };
     Ok(AutoRoute {
-        body: rename_model(body, &tier.model)?,
+        body: set_model(body, &tier.model)?,
         model: tier.model.clone(),
         tier: tier.name.clone(),
         reason,

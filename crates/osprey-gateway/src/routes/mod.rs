@@ -29,7 +29,7 @@ use crate::edge::{Admitted, Caller, EdgeLayer, UsageReport};
 use crate::error::{ApiError, not_found, panic_response};
 use crate::replay;
 use crate::state::{AppState, Backend};
-use crate::upstream::{self, ROUTE_REASON, SERVED_BY, Upstream, warrants_fallback};
+use crate::upstream::{ROUTE_REASON, SERVED_BY, Upstream, warrants_fallback};
 use osprey_engine::Prompter;
 use osprey_router::degrade;
 
@@ -162,7 +162,7 @@ async fn generate<R: Routed>(
         _ => DEGRADED_MAX_TOKENS,
     };
     if level >= 1
-        && let Some(capped) = crate::degrade::cap_max_tokens(&body, cap)
+        && let Some(capped) = crate::body::cap_max_tokens(&body, cap)
     {
         body = capped;
     }
@@ -340,7 +340,7 @@ async fn dispatch<R: Routed>(
         match forward(&state, &caller, upstream, path, &body, &usage).await? {
             Forwarded::Answered(response) => return Ok(response),
             Forwarded::ToLocal { name, why } => {
-                body = upstream::rename_model(&body, &name)?;
+                body = crate::body::set_model(&body, &name)?;
                 reason = Some(why);
             }
         }
@@ -414,7 +414,7 @@ async fn forward(
             // Not serving (the local engine still loading): the next one.
             Err(_) => continue,
         };
-        let renamed = upstream::rename_model(body, name)?;
+        let renamed = crate::body::set_model(body, name)?;
         match fallback.forward(path, renamed, usage.clone()).await {
             Ok(mut response) => {
                 counted();
