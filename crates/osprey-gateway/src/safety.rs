@@ -79,6 +79,51 @@ impl Policies {
 /// The name of the standard policy.
 pub const STANDARD: &str = "standard";
 
+/// Bodies larger than this are screened on a blocking thread, off the async workers.
+pub const SCREEN_INLINE_BYTES: usize = 32 << 10;
+
+/// Screens a request's input under `pipeline`, refusing a caller throttled for abuse and
+/// counting the attacks it is flagged for.
+pub async fn screen(
+    state: &crate::state::AppState,
+    pipeline: &Arc<Pipeline>,
+    auditor: &Auditor,
+    body: &Bytes,
+) -> Result<Screened, Error> {
+    let limit = pipeline.config().abuse_limit();
+    let key = auditor.key().filter(|_| limit.is_some());
+    if let (Some(key), Some(limit)) = (key, limit)
+        && let Some(wait) = state.abuse().throttled(key, limit)
+    {
+        return Err(throttled(wait));
+    }
+    let screened = match body.len() > SCREEN_INLINE_BYTES {
+        false => screen_input(pipeline, auditor, body),
+        true => {
+            let (pipeline, auditor, body) = (pipeline.clone(), auditor.clone(), body.clone());
+            let handle = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || {
+                // The auditor spawns its store writes on the runtime.
+                let _runtime = handle.enter();
+                screen_input(&pipeline, &auditor, &body)
+            })
+            .await
+            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?
+        }
+    };
+    let attack = match &screened {
+        Ok(s) => s.attack,
+        Err(e) => e.code.as_deref() == Some("content_policy_violation"),
+    };
+    if let (Some(key), Some(limit), true) = (key, limit, attack)
+        && state.abuse().record(key) == limit as usize
+    {
+        tracing::warn!(key, limit, "key throttled for abuse");
+        metrics::counter!(osprey_core::metrics::ABUSE_THROTTLED).increment(1);
+    }
+    screened
+}
+
 /// A request's input after screening.
 pub struct Screened {
     /// The body to go on with: the same, or redacted.

@@ -143,7 +143,7 @@ async fn generate<R: Routed>(
             let pipeline = p.get(tenant.policy.as_deref()).clone();
             let audit = pipeline.config().audit;
             let auditor = crate::safety::Auditor::new(state.audit_store(), audit, &admitted.caller);
-            let screened = screen(&state, &pipeline, &auditor, &body).await?;
+            let screened = crate::safety::screen(&state, &pipeline, &auditor, &body).await?;
             (screened.body, Some((pipeline, screened.restore, auditor)))
         }
         None => (body, None),
@@ -262,51 +262,6 @@ async fn checked<R: Routed>(
             Ok(answer.response_with(&json))
         }
     }
-}
-
-/// Bodies larger than this are screened on a blocking thread, off the async workers.
-const SCREEN_INLINE_BYTES: usize = 32 << 10;
-
-/// Screens a request's input under `pipeline`, refusing a caller throttled for abuse and
-/// counting the attacks it is flagged for.
-async fn screen(
-    state: &AppState,
-    pipeline: &Arc<osprey_policy::pipeline::Pipeline>,
-    auditor: &crate::safety::Auditor,
-    body: &Bytes,
-) -> Result<crate::safety::Screened, osprey_core::Error> {
-    let limit = pipeline.config().abuse_limit();
-    let key = auditor.key().filter(|_| limit.is_some());
-    if let (Some(key), Some(limit)) = (key, limit)
-        && let Some(wait) = state.abuse().throttled(key, limit)
-    {
-        return Err(crate::safety::throttled(wait));
-    }
-    let screened = match body.len() > SCREEN_INLINE_BYTES {
-        false => crate::safety::screen_input(pipeline, auditor, body),
-        true => {
-            let (pipeline, auditor, body) = (pipeline.clone(), auditor.clone(), body.clone());
-            let handle = tokio::runtime::Handle::current();
-            tokio::task::spawn_blocking(move || {
-                // The auditor spawns its store writes on the runtime.
-                let _runtime = handle.enter();
-                crate::safety::screen_input(&pipeline, &auditor, &body)
-            })
-            .await
-            .map_err(|e| osprey_core::Error::new(osprey_core::ErrorKind::Internal, e.to_string()))?
-        }
-    };
-    let attack = match &screened {
-        Ok(s) => s.attack,
-        Err(e) => e.code.as_deref() == Some("content_policy_violation"),
-    };
-    if let (Some(key), Some(limit), true) = (key, limit, attack)
-        && state.abuse().record(key) == limit as usize
-    {
-        tracing::warn!(key, limit, "key throttled for abuse");
-        metrics::counter!(osprey_core::metrics::ABUSE_THROTTLED).increment(1);
-    }
-    screened
 }
 
 /// Marks `response` degraded to `level`, if it was, and counts it.
