@@ -33,6 +33,8 @@ pub const CACHE: &str = "x-osprey-cache";
 pub const KEPT_FOR: Duration = Duration::from_secs(600);
 /// Answers kept at most, per map.
 const CAPACITY: usize = 4096;
+/// Bytes of answer bodies kept at most, per map.
+const MAX_BYTES: usize = 64 << 20;
 /// Largest answer body kept (a larger one is passed on, not kept).
 const MAX_BODY: usize = 1 << 20;
 
@@ -135,10 +137,66 @@ enum Entry {
     },
 }
 
-/// A bounded map of answers, kept [`KEPT_FOR`].
+/// A map of answers, kept [`KEPT_FOR`], bounded in count and in bytes.
 #[derive(Default)]
 pub struct Answers {
-    entries: Mutex<HashMap<Key, Entry>>,
+    entries: Mutex<Entries>,
+}
+
+#[derive(Default)]
+struct Entries {
+    map: HashMap<Key, Entry>,
+    /// Bytes of the kept answers' bodies.
+    bytes: usize,
+}
+
+impl Entry {
+    fn bytes(&self) -> usize {
+        match self {
+            Entry::Kept { answer, .. } => answer.body.len(),
+            Entry::Running(_) => 0,
+        }
+    }
+}
+
+impl Entries {
+    fn get(&self, key: &Key) -> Option<&Entry> {
+        self.map.get(key)
+    }
+
+    fn remove(&mut self, key: &Key) {
+        if let Some(e) = self.map.remove(key) {
+            self.bytes -= e.bytes();
+        }
+    }
+
+    /// Inserts `entry`, first dropping expired answers and then the oldest, while the map is
+    /// over its count or its bytes.
+    fn insert(&mut self, key: Key, entry: Entry) {
+        self.remove(&key);
+        let size = entry.bytes();
+        if self.map.len() >= CAPACITY || self.bytes + size > MAX_BYTES {
+            self.map.retain(|_, e| match e {
+                Entry::Kept { at, .. } => at.elapsed() < KEPT_FOR,
+                Entry::Running(_) => true,
+            });
+            self.bytes = self.map.values().map(Entry::bytes).sum();
+        }
+        while self.map.len() >= CAPACITY || self.bytes + size > MAX_BYTES {
+            let oldest = (self.map.iter())
+                .filter_map(|(k, e)| match e {
+                    Entry::Kept { at, .. } => Some((*at, *k)),
+                    Entry::Running(_) => None,
+                })
+                .min();
+            match oldest {
+                Some((_, k)) => self.remove(&k),
+                None => break,
+            }
+        }
+        self.bytes += size;
+        self.map.insert(key, entry);
+    }
 }
 
 impl Answers {
@@ -224,26 +282,10 @@ impl Answers {
     }
 
     fn insert(&self, key: Key, entry: Entry) {
-        let mut entries = self.entries.lock().expect("answers lock");
-        if entries.len() >= CAPACITY && !entries.contains_key(&key) {
-            entries.retain(|_, e| match e {
-                Entry::Kept { at, .. } => at.elapsed() < KEPT_FOR,
-                Entry::Running(_) => true,
-            });
-            if entries.len() >= CAPACITY {
-                let oldest = entries
-                    .iter()
-                    .filter_map(|(k, e)| match e {
-                        Entry::Kept { at, .. } => Some((*at, *k)),
-                        Entry::Running(_) => None,
-                    })
-                    .min();
-                if let Some((_, k)) = oldest {
-                    entries.remove(&k);
-                }
-            }
-        }
-        entries.insert(key, entry);
+        self.entries
+            .lock()
+            .expect("answers lock")
+            .insert(key, entry);
     }
 }
 
@@ -322,6 +364,30 @@ mod tests {
         assert!(dropped.await.is_err());
         let (retry, replayed) = text(answers.once(k, answer(&runs, 200, 0)).await).await;
         assert_eq!((retry.as_str(), replayed), ("run 3", false), "ran again");
+    }
+
+    #[test]
+    fn kept_answers_stay_within_their_bytes() {
+        let answers = Answers::default();
+        let big = |i: u8| Entry::Kept {
+            answer: Arc::new(Answer {
+                status: StatusCode::OK,
+                headers: HeaderMap::new(),
+                body: Bytes::from(vec![i; MAX_BODY]),
+            }),
+            at: Instant::now(),
+        };
+        for i in 0..70u8 {
+            answers.insert(key("t", "p", "", &[i]), big(i));
+        }
+        let entries = answers.entries.lock().unwrap();
+        assert!(entries.bytes <= MAX_BYTES, "{}", entries.bytes);
+        assert_eq!(entries.bytes, entries.map.len() * MAX_BODY);
+        assert!(
+            entries.get(&key("t", "p", "", &[0])).is_none(),
+            "the oldest went first"
+        );
+        assert!(entries.get(&key("t", "p", "", &[69])).is_some());
     }
 
     #[test]
