@@ -2,10 +2,12 @@
 //! what the tenant's guards find; a chat whose user message or tool result carries an injection
 //! is refused before it reaches the model; under a redacting policy the model sees placeholders.
 
+mod common;
+
 use std::collections::BTreeMap;
 
+use osprey_gateway::AppState;
 use osprey_gateway::safety::Policies;
-use osprey_gateway::{AppState, HttpConfig};
 use osprey_policy::Action;
 use osprey_policy::pipeline::{CategoryRule, PolicyConfig};
 use serde_json::{Value, json};
@@ -17,21 +19,10 @@ async fn server(policies: Policies) -> String {
     serve(AppState::new(MODEL).with_policies(Some(policies))).await
 }
 
-/// Serves `state` (its engine set to the shared one) on a free port; its base URL.
+/// Serves `state` with its engine set to the shared one; its base URL.
 async fn serve(state: AppState) -> String {
     state.set_engine(osprey_testkit::shared_engine());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        osprey_gateway::serve(
-            listener,
-            state,
-            &HttpConfig::default(),
-            std::future::pending(),
-        )
-        .await
-    });
-    base
+    common::serve(state).await
 }
 
 async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
