@@ -160,6 +160,34 @@ def main():
             piece = text[cut:cut + rng.choice([800, 1500, 2500])]
             rows.append((f"pydoc:{name}", rng.choice(asks_doc).format(piece), "benign", "python-stdlib"))
 
+    # Long pasted documents: pydoc's plain-text pages of the stdlib's modules (the shape of a
+    # manual page: NAME, DESCRIPTION, CLASSES, FUNCTIONS) and long stretches of their source,
+    # a window of each under an ask. Long benign text was the weak spot: most long training
+    # texts were jailbreaks, so length itself had come to look like an attack.
+    import pydoc
+    long_rng = random.Random(11)
+    asks_long = asks_doc + ["Summarise this manual page for me:\n\n{}", "{}", "What does this describe?\n\n{}",
+                            "Here is some reference material:\n\n{}\n\nWhich options matter most for a new user?"]
+    for name in modules:
+        try:
+            m = importlib.import_module(name)
+            page = pydoc.render_doc(m, renderer=pydoc.plaintext)
+        except Exception:
+            continue
+        page = re.sub(r"MODULE REFERENCE\n(    .*\n|\s*\n)*?(?=[A-Z])", "", page)
+        if len(page) < 1500:
+            continue
+        size = long_rng.choice([1500, 2500, 4000])
+        cut = long_rng.randrange(0, max(1, len(page) - size))
+        rows.append((f"pydoc-page:{name}", long_rng.choice(asks_long).format(page[cut:cut + size]), "benign", "python-stdlib"))
+        try:
+            src = inspect.getsource(m)
+        except (OSError, TypeError):
+            continue
+        if len(src) > 3000:
+            cut = long_rng.randrange(0, len(src) - 2500)
+            rows.append((f"stdlib-source:{name}", long_rng.choice(asks_code).format(src[cut:cut + 2500]), "benign", "python-stdlib"))
+
     OUT.mkdir(parents=True, exist_ok=True)
     train, heldout = [], []
     for group, text, label, source in rows:
