@@ -88,9 +88,9 @@ pub const DEGRADATION_LEVEL: &str = "osprey_degradation_level";
 pub const DEGRADED: &str = "osprey_requests_degraded_total";
 /// Counter: `auto` answers below the logprob floor, asked again of the tier above, by tier.
 pub const AUTO_ANSWERS_ESCALATED: &str = "osprey_auto_answers_escalated_total";
-/// Counter: guard findings acted on, by category, action and source of the text.
+/// Counter: guard findings acted on, by tenant, category, action and source of the text.
 pub const GUARD_VERDICTS: &str = "osprey_guard_verdicts_total";
-/// Counter: keys (or tenants) throttled for too many flagged requests.
+/// Counter: keys throttled for too many flagged requests, by tenant.
 pub const ABUSE_THROTTLED: &str = "osprey_abuse_throttled_total";
 /// Counter: repeats of an idempotent request given the first one's answer.
 pub const REPLAYED: &str = "osprey_requests_replayed_total";

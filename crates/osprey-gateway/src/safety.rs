@@ -118,8 +118,14 @@ pub async fn screen(
     if let (Some(key), Some(limit), true) = (key, limit, attack)
         && state.abuse().record(key) == limit as usize
     {
-        tracing::warn!(key, limit, "key throttled for abuse");
-        metrics::counter!(osprey_core::metrics::ABUSE_THROTTLED).increment(1);
+        tracing::warn!(
+            tenant = auditor.tenant(),
+            key,
+            limit,
+            "key throttled for abuse"
+        );
+        metrics::counter!(osprey_core::metrics::ABUSE_THROTTLED, "tenant" => auditor.tenant().to_owned())
+            .increment(1);
     }
     screened
 }
@@ -406,6 +412,11 @@ impl Auditor {
         }
     }
 
+    /// The tenant of the request.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
     /// The key abuse is counted against, if the request used one.
     pub fn key(&self) -> Option<&str> {
         self.key_id.as_deref()
@@ -444,6 +455,7 @@ impl Auditor {
     ) -> (AuditEntry, Action) {
         metrics::counter!(
             osprey_core::metrics::GUARD_VERDICTS,
+            "tenant" => self.tenant.clone(),
             "category" => category.to_owned(),
             "action" => action_name(action),
             "source" => source_name(source),
