@@ -139,13 +139,7 @@ impl Authenticator {
         let Some(store) = &self.store else {
             return Ok(None);
         };
-        let found = store.key_by_hash(&hash).await.map_err(|e| {
-            Error::new(
-                ErrorKind::Unavailable,
-                format!("The key store is unavailable: {e}"),
-            )
-            .with_retry_after(1)
-        })?;
+        let found = (store.key_by_hash(&hash).await).map_err(crate::error::store_error)?;
         let found = found.map(Arc::new);
         if let Some(k) = &found {
             self.keys

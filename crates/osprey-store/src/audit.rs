@@ -32,7 +32,7 @@ impl Store {
         for e in entries {
             sqlx::query(
                 "INSERT INTO audit (at, tenant, key_id, source, category, rule, action, score) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             )
             .bind(at)
             .bind(&e.tenant)
@@ -53,7 +53,7 @@ impl Store {
     pub async fn audit_log(&self, tenant: Option<&str>, limit: i64) -> Result<Vec<AuditEntry>> {
         let rows = sqlx::query_as::<_, AuditEntry>(
             "SELECT at, tenant, key_id, source, category, rule, action, score FROM audit \
-             WHERE ?1 IS NULL OR tenant = ?1 ORDER BY id DESC LIMIT ?2",
+             WHERE $1 IS NULL OR tenant = $1 ORDER BY id DESC LIMIT $2",
         )
         .bind(tenant)
         .bind(limit)
@@ -69,10 +69,12 @@ mod tests {
 
     #[tokio::test]
     async fn entries_are_kept_per_tenant_newest_first() {
-        let dir = std::env::temp_dir().join(format!("osprey-audit-{}.db", std::process::id()));
-        let store = Store::open(&format!("sqlite://{}", dir.display()))
-            .await
-            .unwrap();
+        for store in crate::testing::stores().await {
+            kept_per_tenant(&store).await;
+        }
+    }
+
+    async fn kept_per_tenant(store: &Store) {
         let entry = |tenant: &str, rule: &str| AuditEntry {
             at: 0,
             tenant: tenant.into(),
@@ -94,6 +96,5 @@ mod tests {
         assert!(acme[0].at > 0);
         assert_eq!(store.audit_log(None, 10).await.unwrap().len(), 3);
         assert_eq!(store.audit_log(None, 1).await.unwrap().len(), 1);
-        let _ = std::fs::remove_file(&dir);
     }
 }

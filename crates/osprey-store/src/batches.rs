@@ -76,7 +76,7 @@ impl Store {
         };
         sqlx::query(
             "INSERT INTO files (id, tenant, filename, purpose, bytes, created_at, content) \
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(&file.id)
         .bind(&file.tenant)
@@ -94,7 +94,7 @@ impl Store {
     pub async fn file(&self, tenant: &str, id: &str) -> Result<FileRecord> {
         sqlx::query_as(
             "SELECT id, tenant, filename, purpose, bytes, created_at FROM files \
-             WHERE id = ? AND tenant = ?",
+             WHERE id = $1 AND tenant = $2",
         )
         .bind(id)
         .bind(tenant)
@@ -105,7 +105,7 @@ impl Store {
 
     /// The content of file `id` of `tenant`.
     pub async fn file_content(&self, tenant: &str, id: &str) -> Result<Vec<u8>> {
-        sqlx::query_scalar("SELECT content FROM files WHERE id = ? AND tenant = ?")
+        sqlx::query_scalar("SELECT content FROM files WHERE id = $1 AND tenant = $2")
             .bind(id)
             .bind(tenant)
             .fetch_optional(&self.pool)
@@ -139,7 +139,7 @@ impl Store {
         sqlx::query(concat!(
             "INSERT INTO batches (",
             batch_columns!(),
-            ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
         ))
         .bind(&batch.id)
         .bind(&batch.tenant)
@@ -163,7 +163,7 @@ impl Store {
         sqlx::query_as(concat!(
             "SELECT ",
             batch_columns!(),
-            " FROM batches WHERE id = ? AND tenant = ?"
+            " FROM batches WHERE id = $1 AND tenant = $2"
         ))
         .bind(id)
         .bind(tenant)
@@ -177,7 +177,7 @@ impl Store {
         Ok(sqlx::query_as(concat!(
             "SELECT ",
             batch_columns!(),
-            " FROM batches WHERE tenant = ? ORDER BY created_at DESC, id"
+            " FROM batches WHERE tenant = $1 ORDER BY created_at DESC, id"
         ))
         .bind(tenant)
         .fetch_all(&self.pool)
@@ -199,7 +199,7 @@ impl Store {
 
     /// Records progress: `completed` answered so far, `failed` of them failed.
     pub async fn batch_progress(&self, id: &str, completed: i64, failed: i64) -> Result<()> {
-        sqlx::query("UPDATE batches SET completed = ?, failed = ? WHERE id = ?")
+        sqlx::query("UPDATE batches SET completed = $1, failed = $2 WHERE id = $3")
             .bind(completed)
             .bind(failed)
             .bind(id)
@@ -216,7 +216,7 @@ impl Store {
         output_file_id: Option<&str>,
     ) -> Result<()> {
         sqlx::query(
-            "UPDATE batches SET status = ?, output_file_id = ?, completed_at = ? WHERE id = ?",
+            "UPDATE batches SET status = $1, output_file_id = $2, completed_at = $3 WHERE id = $4",
         )
         .bind(status)
         .bind(output_file_id)
@@ -231,7 +231,7 @@ impl Store {
     pub async fn cancel_batch(&self, tenant: &str, id: &str) -> Result<BatchRecord> {
         sqlx::query(
             "UPDATE batches SET status = 'cancelling' \
-             WHERE id = ? AND tenant = ? AND status = 'in_progress'",
+             WHERE id = $1 AND tenant = $2 AND status = 'in_progress'",
         )
         .bind(id)
         .bind(tenant)
@@ -242,7 +242,7 @@ impl Store {
 
     /// The status of batch `id` (for a runner checking for cancellation).
     pub async fn batch_status(&self, id: &str) -> Result<String> {
-        sqlx::query_scalar("SELECT status FROM batches WHERE id = ?")
+        sqlx::query_scalar("SELECT status FROM batches WHERE id = $1")
             .bind(id)
             .fetch_optional(&self.pool)
             .await?
@@ -254,15 +254,14 @@ impl Store {
 mod tests {
     use super::*;
 
-    async fn store() -> Store {
-        let dir = std::env::temp_dir().join(format!("osprey-batches-{}", random_hex(6)));
-        std::fs::create_dir_all(&dir).unwrap();
-        Store::open(&Store::default_url(&dir)).await.unwrap()
-    }
-
     #[tokio::test]
     async fn files_and_batches_belong_to_their_tenant() {
-        let s = store().await;
+        for s in crate::testing::stores().await {
+            files_and_batches(&s).await;
+        }
+    }
+
+    async fn files_and_batches(s: &Store) {
         let f = s
             .create_file("acme", "in.jsonl", "batch", b"{}\n")
             .await

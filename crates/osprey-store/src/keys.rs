@@ -124,7 +124,7 @@ impl Store {
         sqlx::query(concat!(
             "INSERT INTO api_keys (",
             columns!(),
-            ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
         ))
         .bind(&record.id)
         .bind(&record.hash)
@@ -152,7 +152,7 @@ impl Store {
 
     /// The key with this hash, active or not.
     pub async fn key_by_hash(&self, hash: &str) -> Result<Option<KeyRecord>> {
-        Ok(sqlx::query_as(select_keys!("WHERE hash = ?"))
+        Ok(sqlx::query_as(select_keys!("WHERE hash = $1"))
             .bind(hash)
             .fetch_optional(&self.pool)
             .await?)
@@ -166,12 +166,12 @@ impl Store {
     /// Revokes key `id` (idempotent) and returns it.
     pub async fn revoke_key(&self, id: &str) -> Result<KeyRecord> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL")
+        sqlx::query("UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
             .bind(now_ms())
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        let record: Option<KeyRecord> = sqlx::query_as(select_keys!("WHERE id = ?"))
+        let record: Option<KeyRecord> = sqlx::query_as(select_keys!("WHERE id = $1"))
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?;
@@ -186,7 +186,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         for (id, at) in uses {
             sqlx::query(
-                "UPDATE api_keys SET last_used_at = MAX(COALESCE(last_used_at, 0), ?) WHERE id = ?",
+                "UPDATE api_keys SET last_used_at = $1 WHERE id = $2 AND COALESCE(last_used_at, 0) < $1",
             )
             .bind(at)
             .bind(id)
@@ -198,7 +198,7 @@ impl Store {
     }
 }
 
-async fn bump_keys(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>) -> Result<()> {
+async fn bump_keys(tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<()> {
     sqlx::query("UPDATE change_counters SET value = value + 1 WHERE name = 'keys'")
         .execute(&mut **tx)
         .await?;
@@ -209,16 +209,14 @@ async fn bump_keys(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>) -> Result<()> {
 mod tests {
     use super::*;
 
-    async fn store() -> (Store, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("osprey-store-{}", random_hex(6)));
-        std::fs::create_dir_all(&dir).unwrap();
-        let store = Store::open(&Store::default_url(&dir)).await.unwrap();
-        (store, dir)
-    }
-
     #[tokio::test]
     async fn keys_are_stored_as_hashes_and_found_by_secret() {
-        let (store, dir) = store().await;
+        for store in crate::testing::stores().await {
+            keys_are_stored_as_hashes(&store).await;
+        }
+    }
+
+    async fn keys_are_stored_as_hashes(store: &crate::testing::TestStore) {
         let before = store.change_counter("keys").await.unwrap();
         let created = store
             .create_key(NewKey {
@@ -231,14 +229,16 @@ mod tests {
         assert!(created.secret.starts_with(SECRET_PREFIX));
         assert_eq!(created.secret.len(), SECRET_PREFIX.len() + 64);
         assert_ne!(created.record.hash, created.secret);
-        let db = std::fs::read(dir.join("osprey.db")).unwrap_or_default();
-        let wal = std::fs::read(dir.join("osprey.db-wal")).unwrap_or_default();
-        let needle = created.secret.as_bytes();
-        for bytes in [db, wal] {
-            assert!(
-                !bytes.windows(needle.len()).any(|w| w == needle),
-                "secret on disk"
-            );
+        if let Some(dir) = &store.dir {
+            let db = std::fs::read(dir.join("osprey.db")).unwrap_or_default();
+            let wal = std::fs::read(dir.join("osprey.db-wal")).unwrap_or_default();
+            let needle = created.secret.as_bytes();
+            for bytes in [db, wal] {
+                assert!(
+                    !bytes.windows(needle.len()).any(|w| w == needle),
+                    "secret on disk"
+                );
+            }
         }
         let found = store.key_by_secret(&created.secret).await.unwrap().unwrap();
         assert_eq!(found, created.record);
@@ -248,7 +248,12 @@ mod tests {
 
     #[tokio::test]
     async fn revoked_and_expired_keys_are_inactive() {
-        let (store, _dir) = store().await;
+        for store in crate::testing::stores().await {
+            revoked_and_expired(&store).await;
+        }
+    }
+
+    async fn revoked_and_expired(store: &Store) {
         let a = store.create_key(NewKey::for_tenant("a")).await.unwrap();
         let expired = NewKey {
             expires_at: Some(now_ms() - 1),

@@ -2,9 +2,11 @@
 //!
 //! The embedded default is SQLite at `$OSPREY_HOME/osprey.db` (WAL journal, `synchronous =
 //! FULL`, so an acknowledged write survives a crash); migrations run on open. Today the store
-//! holds API keys ([`keys`]), the Batch API's files and batches ([`batches`]) and the safety
-//! audit log ([`audit`]); conversations, prompts, memory and documents join it in [6/13],
-//! with Postgres as the scaled backend behind the same interface.
+//! holds API keys ([`keys`]), the Batch API's files and batches ([`batches`]), the safety
+//! audit log ([`audit`]) and conversations ([`conversations`]). Postgres
+//! (`postgres://...`) is the scaled backend behind the same interface: one set of queries
+//! through sqlx's `Any` driver, a migration directory per backend, and [`testing`] runs every
+//! store test against both.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), osprey_store::StoreError> {
@@ -19,27 +21,33 @@
 
 pub mod audit;
 pub mod batches;
+pub mod conversations;
 pub mod keys;
+pub mod testing;
 
 use std::path::Path;
-use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::Executor;
+use sqlx::any::AnyPoolOptions;
 
 pub use audit::AuditEntry;
 pub use batches::{BatchRecord, FileRecord};
+pub use conversations::{ConversationRecord, ItemPage, ItemRecord, NewItem, Owner};
 pub use keys::{CreatedKey, KeyRecord, NewKey};
 
 /// A failure of the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store URL is not one this build understands.
-    #[error("unsupported store URL `{0}` (use sqlite://PATH)")]
+    #[error("unsupported store URL `{0}` (use sqlite://PATH or postgres://...)")]
     UnsupportedUrl(String),
-    /// The database failed or could not be reached.
+    /// The database could not be reached (or did not answer in time): worth retrying later.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(sqlx::Error),
+    /// The database failed.
     #[error("store: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     /// A migration failed.
     #[error("store migration: {0}")]
     Migration(#[from] sqlx::migrate::MigrateError),
@@ -48,42 +56,113 @@ pub enum StoreError {
     NotFound(String),
 }
 
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed => Self::Unavailable(e),
+            // The server went away mid-query (restart, failover): 57P01 admin shutdown and
+            // the other class 57 and 08 (connection) codes.
+            sqlx::Error::Database(ref d)
+                if d.code()
+                    .is_some_and(|c| c.starts_with("57") || c.starts_with("08")) =>
+            {
+                Self::Unavailable(e)
+            }
+            e => Self::Database(e),
+        }
+    }
+}
+
+impl StoreError {
+    /// Whether the store was unreachable, rather than the request wrong.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Which database a store is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Embedded, one file (the default).
+    Sqlite,
+    /// A server, shared by replicas.
+    Postgres,
+}
+
+/// How long a request waits for a database connection before the store is called unavailable.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A handle to the store; cheap to clone, shared by every request.
 #[derive(Clone, Debug)]
 pub struct Store {
-    pool: sqlx::SqlitePool,
+    pool: sqlx::AnyPool,
+    backend: Backend,
 }
 
 impl Store {
-    /// Opens (creating if needed) the store at `url` (`sqlite://PATH`) and migrates it.
+    /// Opens the store at `url` and migrates it: `sqlite://PATH` (created if needed) or
+    /// `postgres://USER@HOST/DB`.
     pub async fn open(url: &str) -> Result<Self> {
-        let Some(path) = url.strip_prefix("sqlite://") else {
-            return Err(StoreError::UnsupportedUrl(url.to_owned()));
+        sqlx::any::install_default_drivers();
+        let backend = match url.split_once("://").map(|(scheme, _)| scheme) {
+            Some("sqlite") => Backend::Sqlite,
+            Some("postgres" | "postgresql") => Backend::Postgres,
+            _ => return Err(StoreError::UnsupportedUrl(url.to_owned())),
         };
-        let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await?;
-        // Replicas sharing the file may start together and race to apply a migration (SQLite
-        // takes no migration lock): the loser's transaction fails, and a second look finds the
-        // migration applied.
+        let pool = match backend {
+            Backend::Sqlite => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                AnyPoolOptions::new()
+                    .max_connections(4)
+                    .acquire_timeout(ACQUIRE_TIMEOUT)
+                    // WAL, and a sync of the log on every commit: an acknowledged write
+                    // survives a crash of the process or the machine.
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
+                                .await?;
+                            Ok(())
+                        })
+                    })
+                    .connect(&format!("{url}{sep}mode=rwc"))
+                    .await?
+            }
+            Backend::Postgres => {
+                AnyPoolOptions::new()
+                    .max_connections(16)
+                    .acquire_timeout(ACQUIRE_TIMEOUT)
+                    .connect(url)
+                    .await?
+            }
+        };
+        let migrator = match backend {
+            Backend::Sqlite => sqlx::migrate!("migrations/sqlite"),
+            Backend::Postgres => sqlx::migrate!("migrations/postgres"),
+        };
+        // Replicas sharing a SQLite file may start together and race to apply a migration
+        // (SQLite takes no migration lock; Postgres does): the loser's transaction fails, and
+        // a second look finds the migration applied.
         let mut attempt = 0;
-        while let Err(e) = sqlx::migrate!("migrations/sqlite").run(&pool).await {
+        while let Err(e) = migrator.run(&pool).await {
             attempt += 1;
             if attempt == 3 {
                 return Err(e.into());
             }
             tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
         }
-        Ok(Self { pool })
+        Ok(Self { pool, backend })
+    }
+
+    /// Which database this is.
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     /// The default store of an Osprey home directory: `HOME/osprey.db`.
@@ -95,7 +174,7 @@ impl Store {
     /// processes sharing the store can notice cheaply.
     pub async fn change_counter(&self, name: &str) -> Result<i64> {
         let value: Option<(i64,)> =
-            sqlx::query_as("SELECT value FROM change_counters WHERE name = ?")
+            sqlx::query_as("SELECT value FROM change_counters WHERE name = $1")
                 .bind(name)
                 .fetch_optional(&self.pool)
                 .await?;

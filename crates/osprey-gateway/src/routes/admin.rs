@@ -69,10 +69,7 @@ pub fn key_json(k: &KeyRecord) -> serde_json::Value {
 }
 
 fn store_error(e: StoreError) -> ApiError {
-    match e {
-        StoreError::NotFound(what) => ApiError(Error::new(ErrorKind::NotFound, format!("{what}."))),
-        e => ApiError(Error::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1)),
-    }
+    ApiError(crate::error::store_error(e))
 }
 
 fn store(state: &AppState) -> Result<osprey_store::Store, ApiError> {

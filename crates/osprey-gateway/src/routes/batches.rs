@@ -19,7 +19,7 @@ use osprey_store::{BatchRecord, FileRecord, Store, StoreError};
 use serde_json::{Value, json};
 
 use crate::edge::{Admitted, Caller};
-use crate::error::ApiError;
+use crate::error::{ApiError, store_error};
 use crate::state::AppState;
 
 /// The endpoints a batch may target.
@@ -47,15 +47,6 @@ fn store(state: &AppState) -> Result<&Store, Error> {
             "This server has no store for batches.",
         )
     })
-}
-
-fn store_error(e: StoreError) -> Error {
-    match e {
-        StoreError::NotFound(what) => {
-            Error::new(ErrorKind::NotFound, format!("No {what} exists.")).with_code("not_found")
-        }
-        e => Error::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1),
-    }
 }
 
 fn secs(ms: i64) -> i64 {
