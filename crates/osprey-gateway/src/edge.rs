@@ -39,9 +39,24 @@ pub struct Caller {
     pub tenant: Arc<Tenant>,
     /// The key's id, when one was used.
     pub key_id: Option<String>,
+    /// The end user the request is for, from the `x-osprey-user` header: conversations and
+    /// memory belong to a tenant's user.
+    pub user: Option<String>,
 }
 
+/// The header naming the end user a request is for.
+pub const USER_HEADER: &str = "x-osprey-user";
+
 impl Caller {
+    /// Whose state a request reads and writes: the tenant's user named by the header, else
+    /// by the body's `user` (chat requests), else the tenant's anonymous user (`""`).
+    pub fn owner(&self, body_user: Option<&str>) -> osprey_store::Owner {
+        osprey_store::Owner {
+            tenant: self.tenant.name.clone(),
+            user: (self.user.as_deref().or(body_user).unwrap_or_default()).to_owned(),
+        }
+    }
+
     /// The priority a request asks for in its `osprey` options, else the tenant's default.
     pub fn priority_of(&self, options: &Option<osprey_core::api::OspreyOptions>) -> Priority {
         options
@@ -167,6 +182,7 @@ impl Edge {
             caller: Caller {
                 tenant: self.tenant(OPEN_TENANT),
                 key_id: None,
+                user: None,
             },
             model: None,
             usage: Arc::default(),
@@ -180,9 +196,15 @@ impl Edge {
     ) -> Result<(Caller, Option<Arc<KeyRecord>>), Error> {
         let key = self.auth.authenticate(headers).await?;
         let tenant = self.tenant(key.as_ref().map_or(OPEN_TENANT, |k| k.tenant.as_str()));
+        let user = (headers.get(USER_HEADER))
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned);
         let caller = Caller {
             tenant,
             key_id: key.as_ref().map(|k| k.id.clone()),
+            user,
         };
         Ok((caller, key))
     }

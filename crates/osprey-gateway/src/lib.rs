@@ -37,6 +37,7 @@ pub mod admission;
 pub mod auth;
 pub mod body;
 pub mod config;
+pub mod conversation;
 pub mod degrade;
 pub mod edge;
 pub mod error;

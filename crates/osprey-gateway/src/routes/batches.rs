@@ -278,6 +278,7 @@ async fn run_batch(state: &AppState, store: &Store, b: &BatchRecord) -> Result<(
     let caller = Caller {
         tenant: state.edge().tenant(&b.tenant),
         key_id: None,
+        user: None,
     };
     tracing::info!(batch = %b.id, lines = lines.len(), "running a batch");
     let lines = lines.into_iter().enumerate().map(|(i, line)| {

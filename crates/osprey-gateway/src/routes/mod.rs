@@ -5,6 +5,7 @@ pub mod auto;
 pub mod batches;
 mod chat;
 mod completions;
+pub mod conversations;
 mod health;
 mod models;
 mod moderations;
@@ -32,6 +33,9 @@ use crate::state::{AppState, Backend};
 use crate::upstream::{ROUTE_REASON, SERVED_BY, Upstream, warrants_fallback};
 use osprey_engine::Prompter;
 use osprey_router::degrade;
+
+/// The path of chat completions below `/v1`, as [`generate`] takes it.
+const CHAT_PATH: &str = "chat/completions";
 
 /// Identifies this build in responses' `system_fingerprint`.
 pub const FINGERPRINT: &str = concat!("osprey-", env!("CARGO_PKG_VERSION"));
@@ -73,10 +77,9 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             state.clone(),
             crate::edge::authenticate,
         ));
-    let files = batches::routes().route_layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        crate::edge::authenticate,
-    ));
+    let files = (batches::routes().merge(conversations::routes())).route_layer(
+        axum::middleware::from_fn_with_state(state.clone(), crate::edge::authenticate),
+    );
     let routes = Router::new()
         .merge(generation)
         .merge(listing)
@@ -129,8 +132,12 @@ async fn generate<R: Routed>(
     let mut admitted = admitted.map_or_else(|| state.edge().unguarded(), |a| a.0);
     let tenant = admitted.caller.tenant.clone();
     let level = degrade::level_for(state.degradation().level(), tenant.premium);
-    let recent =
-        (!replay::is_streamed(&body)).then(|| replay::key(&tenant.cache_salt, path, "", &body));
+    let conversation = (path == CHAT_PATH)
+        .then(|| crate::conversation::named(&body))
+        .flatten();
+    // An answer given with a conversation's history is not an answer to the body alone.
+    let recent = (!replay::is_streamed(&body) && conversation.is_none())
+        .then(|| replay::key(&tenant.cache_salt, path, "", &body));
     let cached = |why: &'static str| {
         let answer = state.recent().get(recent.as_ref()?)?;
         metrics::counter!(osprey_core::metrics::CACHED_ANSWERS, "why" => why).increment(1);
@@ -147,6 +154,15 @@ async fn generate<R: Routed>(
             (screened.body, Some((pipeline, screened.restore, auditor)))
         }
         None => (body, None),
+    };
+    let turn = match conversation {
+        Some(id) => {
+            let (assembled, turn) =
+                crate::conversation::prepare(&state, &admitted.caller, &body, id).await?;
+            body = assembled;
+            Some(turn)
+        }
+        None => None,
     };
     if level >= 5
         && let Some(mut response) = cached("degraded")
@@ -211,6 +227,9 @@ async fn generate<R: Routed>(
     }
     if let Some((pipeline, restore, auditor)) = guarded {
         response = crate::safety::filter_output(response, &pipeline, restore, &auditor);
+    }
+    if let Some(turn) = turn {
+        response = turn.keep(response).await;
     }
     Ok(match recent {
         Some(key) => state.recent().keep(key, response).await,
@@ -400,8 +419,14 @@ pub(crate) async fn generate_for(
     let answer = async {
         let answer = match endpoint {
             "/v1/chat/completions" => {
-                let path = "chat/completions";
-                generate(state.clone(), admitted, body, path, chat::chat_completions).await
+                generate(
+                    state.clone(),
+                    admitted,
+                    body,
+                    CHAT_PATH,
+                    chat::chat_completions,
+                )
+                .await
             }
             _ => {
                 let path = "completions";

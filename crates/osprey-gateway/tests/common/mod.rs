@@ -161,19 +161,33 @@ pub async fn upstream() -> String {
     format!("http://{addr}/v1")
 }
 
-/// A TCP proxy to Redis that can be cut: while down it closes every connection, old and new.
+/// A TCP proxy (to Redis, to Postgres) that can be cut: while down it closes every
+/// connection, old and new.
 pub struct Proxy {
+    /// `redis://ADDR` for a proxy to Redis, else `ADDR`.
     pub url: String,
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
     up: Arc<AtomicBool>,
     cut: tokio::sync::watch::Sender<u64>,
 }
 
 impl Proxy {
+    /// A proxy to the Redis at `redis_url`.
     pub async fn start(redis_url: &str) -> Self {
         let target = redis_url
             .trim_start_matches("redis://")
-            .trim_end_matches('/')
-            .to_owned();
+            .trim_end_matches('/');
+        let proxy = Self::tcp(target).await;
+        Self {
+            url: format!("redis://{}", proxy.addr),
+            ..proxy
+        }
+    }
+
+    /// A proxy to `target` (`HOST:PORT`).
+    pub async fn tcp(target: &str) -> Self {
+        let target = target.to_owned();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let up = Arc::new(AtomicBool::new(true));
@@ -202,7 +216,8 @@ impl Proxy {
             }
         });
         Self {
-            url: format!("redis://{addr}"),
+            url: addr.to_string(),
+            addr,
             up,
             cut,
         }
