@@ -44,6 +44,7 @@ pub mod error;
 pub mod generation;
 pub mod limits;
 pub mod metrics;
+pub mod prompts;
 pub mod replay;
 pub mod routes;
 pub mod safety;

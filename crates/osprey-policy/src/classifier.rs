@@ -4,7 +4,7 @@
 //! injection, jailbreak; as a guard, the likelier attack class is scored with the probability
 //! of an attack of either kind.
 //!
-//! It is trained in-process on first use (the gateway does so before serving; 0.2 s) from `data/injection-train.jsonl`,
+//! It is trained in-process on first use (the gateway does so before serving; 0.7 s here) from `data/injection-train.jsonl`,
 //! which `scripts/build_safety_data.py` builds from registry packages' labelled data (sources
 //! and licences in docs/safety.md); `data/injection-heldout.jsonl` is the held-out split.
 

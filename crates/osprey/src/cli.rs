@@ -30,6 +30,8 @@ pub enum Command {
     Bench(crate::bench::BenchCommand),
     /// Create, list and revoke API keys.
     Keys(crate::keys::KeysArgs),
+    /// The prompt registry: push versions, label them (with A/B splits), diff, roll back.
+    Prompts(crate::prompts::PromptsArgs),
     /// Check a config file.
     #[command(subcommand)]
     Config(ConfigCommand),

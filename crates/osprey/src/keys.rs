@@ -152,7 +152,7 @@ pub fn run(args: KeysArgs) -> anyhow::Result<()> {
 }
 
 /// Unix ms as `YYYY-MM-DD HH:MM:SS` UTC.
-fn iso(ms: i64) -> String {
+pub fn iso(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).

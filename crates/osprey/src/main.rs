@@ -6,6 +6,7 @@ mod cli;
 mod config;
 mod keys;
 mod models;
+mod prompts;
 mod serve;
 mod worker;
 
@@ -44,6 +45,7 @@ fn run() -> anyhow::Result<()> {
         cli::Command::Models(cmd) => models::run(cmd),
         cli::Command::Bench(cmd) => bench::run(cmd),
         cli::Command::Keys(args) => keys::run(args),
+        cli::Command::Prompts(args) => prompts::run(args),
         cli::Command::Config(cli::ConfigCommand::Check { file }) => config::check(&file),
     }
 }

@@ -1,6 +1,7 @@
 //! The admin API, behind the admin key: `POST /admin/keys`, `GET /admin/keys`,
 //! `DELETE /admin/keys/{id}` (revocation, seen by every replica), and `GET /admin/audit`
-//! (`?tenant=NAME&limit=N`): the safety audit log, newest first.
+//! (`?tenant=NAME&limit=N`): the safety audit log, newest first; and the prompt registry's
+//! routes (`admin_prompts.rs`).
 
 use axum::Json;
 use axum::Router;
@@ -22,6 +23,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/admin/keys", get(list_keys).post(create_key))
         .route("/admin/keys/{id}", delete(revoke_key))
         .route("/admin/audit", get(audit_log))
+        .merge(super::admin_prompts::routes())
         .route_layer(axum::middleware::from_fn_with_state(state, admin_only))
 }
 

@@ -1,6 +1,8 @@
 //! The HTTP surface: OpenAI-compatible routes plus health, readiness and metrics.
 
 mod admin;
+mod admin_prompts;
+pub use admin_prompts::valid_name as valid_prompt_name;
 pub mod auto;
 pub mod batches;
 mod chat;
@@ -135,8 +137,10 @@ async fn generate<R: Routed>(
     let conversation = (path == CHAT_PATH)
         .then(|| crate::conversation::named(&body))
         .flatten();
-    // An answer given with a conversation's history is not an answer to the body alone.
-    let recent = (!replay::is_streamed(&body) && conversation.is_none())
+    let prompt = path == CHAT_PATH && crate::prompts::named(&body);
+    // An answer given with a conversation's history, or a label's prompt version, is not an
+    // answer to the body alone.
+    let recent = (!replay::is_streamed(&body) && conversation.is_none() && !prompt)
         .then(|| replay::key(&tenant.cache_salt, path, "", &body));
     let cached = |why: &'static str| {
         let answer = state.recent().get(recent.as_ref()?)?;
@@ -154,6 +158,15 @@ async fn generate<R: Routed>(
             (screened.body, Some((pipeline, screened.restore, auditor)))
         }
         None => (body, None),
+    };
+    let applied = match prompt {
+        true => {
+            let (with_prompt, applied) =
+                crate::prompts::apply(&state, &admitted.caller, &body).await?;
+            body = with_prompt;
+            Some(applied)
+        }
+        false => None,
     };
     let turn = match conversation {
         Some(id) => {
@@ -230,6 +243,9 @@ async fn generate<R: Routed>(
     }
     if let Some(turn) = turn {
         response = turn.keep(response).await;
+    }
+    if let Some(applied) = &applied {
+        applied.mark(&mut response);
     }
     Ok(match recent {
         Some(key) => state.recent().keep(key, response).await,

@@ -1,0 +1,189 @@
+//! The prompt registry's admin API (behind the admin key), the same operations as `osprey
+//! prompts`: `GET /admin/prompts`; `POST /admin/prompts/{name}` pushes a new version (the body
+//! is the definition, JSON); `GET /admin/prompts/{name}` lists its versions and labels;
+//! `GET /admin/prompts/{name}/versions/{version}`; `GET /admin/prompts/{name}/diff?from=V&to=W`;
+//! `PUT /admin/prompts/{name}/labels/{label}` with `{"version": 3}` or `{"split": "3:90,4:10"}`;
+//! `POST /admin/prompts/{name}/labels/{label}/rollback`.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use osprey_context::prompt::{PromptDef, diff, parse_split};
+use osprey_core::{Error, ErrorKind};
+use osprey_store::{Split, Store};
+use serde_json::{Value, json};
+
+use crate::error::{ApiError, store_error};
+use crate::state::AppState;
+
+/// The routes (the caller puts them behind the admin key).
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/admin/prompts", get(list))
+        .route("/admin/prompts/{name}", get(show).post(push))
+        .route("/admin/prompts/{name}/versions/{version}", get(version))
+        .route("/admin/prompts/{name}/diff", get(diff_versions))
+        .route("/admin/prompts/{name}/labels/{label}", put(set_label))
+        .route(
+            "/admin/prompts/{name}/labels/{label}/rollback",
+            post(rollback),
+        )
+}
+
+fn store(state: &AppState) -> Result<Store, Error> {
+    state.audit_store().ok_or_else(|| {
+        Error::new(
+            ErrorKind::Unavailable,
+            "This server has no store for prompts.",
+        )
+    })
+}
+
+fn split_json(split: &Split) -> Value {
+    json!(
+        split
+            .iter()
+            .map(|(v, w)| json!({"version": v, "weight": w}))
+            .collect::<Vec<_>>()
+    )
+}
+
+async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let prompts = store(&state)?.list_prompts().await.map_err(store_error)?;
+    let data: Vec<Value> = (prompts.iter())
+        .map(|p| {
+            let labels: serde_json::Map<String, Value> = (p.labels.iter())
+                .map(|(l, s)| (l.clone(), split_json(s)))
+                .collect();
+            json!({"name": p.name, "latest_version": p.latest, "labels": labels})
+        })
+        .collect();
+    Ok(Json(json!({"object": "list", "data": data})))
+}
+
+async fn push(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| Error::invalid("body", "the prompt definition must be UTF-8"))?;
+    let def = PromptDef::parse(text).map_err(|e| Error::invalid("body", e.to_string()))?;
+    valid_name(&name)?;
+    let v = (store(&state)?.push_prompt(&name, &def.to_json()).await).map_err(store_error)?;
+    let body = json!({"name": v.name, "version": v.version, "created_at": v.created_at / 1000});
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// Names are what requests and the CLI write: letters, digits, `-`, `_`, `.`, `/`.
+pub fn valid_name(name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && (name.chars()).all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
+    match ok {
+        true => Ok(()),
+        false => Err(Error::invalid(
+            "name",
+            "a prompt's name is 1 to 128 letters, digits, `-`, `_`, `.` or `/`",
+        )),
+    }
+}
+
+async fn show(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let store = store(&state)?;
+    let versions = store.prompt_versions(&name).await.map_err(store_error)?;
+    if versions.is_empty() {
+        return Err(
+            store_error(osprey_store::StoreError::NotFound(format!("prompt {name}"))).into(),
+        );
+    }
+    let labels = store.labels(&name).await.map_err(store_error)?;
+    let labels: serde_json::Map<String, Value> = (labels.iter())
+        .map(|(l, s)| (l.clone(), split_json(s)))
+        .collect();
+    let versions: Vec<Value> = (versions.iter())
+        .map(|v| json!({"version": v.version, "created_at": v.created_at / 1000}))
+        .collect();
+    Ok(Json(
+        json!({"name": name, "versions": versions, "labels": labels}),
+    ))
+}
+
+async fn version(
+    State(state): State<AppState>,
+    Path((name, version)): Path<(String, i64)>,
+) -> Result<Json<Value>, ApiError> {
+    let v = (store(&state)?.prompt_version(&name, version).await).map_err(store_error)?;
+    let definition: Value = serde_json::from_str(&v.body).unwrap_or(Value::Null);
+    Ok(Json(
+        json!({"name": v.name, "version": v.version, "created_at": v.created_at / 1000, "definition": definition}),
+    ))
+}
+
+async fn diff_versions(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let number = |key: &str| {
+        (q.get(key).and_then(|v| v.parse::<i64>().ok()))
+            .ok_or_else(|| Error::invalid(key, format!("`{key}` must be a version number")))
+    };
+    let (from, to) = (number("from")?, number("to")?);
+    let store = store(&state)?;
+    let def = |body: &str| PromptDef::parse(body).map_err(|e| Error::internal(e.to_string()));
+    let a = (store.prompt_version(&name, from).await).map_err(store_error)?;
+    let b = (store.prompt_version(&name, to).await).map_err(store_error)?;
+    let text = diff(
+        &def(&a.body)?,
+        &def(&b.body)?,
+        &format!("{name}@{from}"),
+        &format!("{name}@{to}"),
+    );
+    Ok(Json(
+        json!({"name": name, "from": from, "to": to, "diff": text}),
+    ))
+}
+
+async fn set_label(
+    State(state): State<AppState>,
+    Path((name, label)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let v: Value = serde_json::from_slice(&body)
+        .map_err(|e| Error::invalid("body", format!("Invalid request body: {e}")))?;
+    let split = match (&v["version"], &v["split"]) {
+        (Value::Number(n), Value::Null) => parse_split(&n.to_string()),
+        (Value::Null, Value::String(s)) => parse_split(s),
+        _ => {
+            return Err(
+                Error::invalid("body", "give `version` (3) or `split` (\"3:90,4:10\")").into(),
+            );
+        }
+    }
+    .map_err(|e| Error::invalid("split", e.to_string()))?;
+    valid_name(&label)?;
+    (store(&state)?.set_label(&name, &label, &split).await).map_err(store_error)?;
+    Ok(Json(
+        json!({"name": name, "label": label, "split": split_json(&split)}),
+    ))
+}
+
+async fn rollback(
+    State(state): State<AppState>,
+    Path((name, label)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let split = (store(&state)?.rollback_label(&name, &label).await).map_err(store_error)?;
+    Ok(Json(
+        json!({"name": name, "label": label, "split": split_json(&split)}),
+    ))
+}
