@@ -41,6 +41,7 @@ pub mod conversation;
 pub mod degrade;
 pub mod edge;
 pub mod error;
+pub mod flags;
 pub mod generation;
 pub mod limits;
 pub mod metrics;

@@ -4,7 +4,7 @@
 //!
 //! A label that splits traffic gives each caller one version for good: the choice hashes the
 //! tenant and the user (`x-osprey-user`, else the body's `user`, else the key). Neither label
-//! nor version: the newest version. The response says which version answered in
+//! nor version: the label the tenant's `prompt.NAME.label` flag names, else the newest version. The response says which version answered in
 //! `x-osprey-prompt: NAME@VERSION`, and the choice is logged (`prompt applied`) with the tenant
 //! and the user.
 
@@ -47,6 +47,7 @@ pub fn named(body: &[u8]) -> bool {
 pub async fn apply(
     state: &AppState,
     caller: &Caller,
+    flags: &Map<String, Value>,
     body: &Bytes,
 ) -> Result<(Bytes, Applied), Error> {
     let store = state.audit_store().ok_or_else(|| {
@@ -57,7 +58,16 @@ pub async fn apply(
     })?;
     let mut v: Value = serde_json::from_slice(body)
         .map_err(|e| Error::invalid("body", format!("Invalid request body: {e}")))?;
-    let asked = v["osprey"]["prompt"].take();
+    let mut asked = v["osprey"]["prompt"].take();
+    // Neither label nor version: the tenant's flag may name the label.
+    if asked["label"].is_null()
+        && asked["version"].is_null()
+        && let Some(label) = asked["name"]
+            .as_str()
+            .and_then(|n| crate::flags::prompt_label(flags, n))
+    {
+        asked["label"] = label.into();
+    }
     let param = "osprey.prompt";
     let Some(name) = asked["name"].as_str() else {
         return Err(Error::invalid(

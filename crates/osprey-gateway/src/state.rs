@@ -38,6 +38,8 @@ struct Inner {
     policies: Option<Policies>,
     /// Flagged requests per key.
     abuse: Abuse,
+    /// Per-tenant feature flags, from the store.
+    flags: crate::flags::Flags,
     store: Option<Store>,
     batch_added: Notify,
     edge: Arc<Edge>,
@@ -88,6 +90,7 @@ impl AppState {
                 recent: Answers::default(),
                 policies: Some(Policies::default()),
                 abuse: Abuse::default(),
+                flags: crate::flags::Flags::new(),
                 store: None,
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
@@ -180,6 +183,12 @@ impl AppState {
     /// Flagged requests per key, for throttling abuse.
     pub fn abuse(&self) -> &Abuse {
         &self.inner.abuse
+    }
+
+    /// The feature flags of `tenant` now (see [`crate::flags`]).
+    pub async fn flags(&self, tenant: &str) -> crate::flags::TenantFlags {
+        let store = self.audit_store();
+        self.inner.flags.of(store.as_ref(), tenant).await
     }
 
     /// Where safety verdicts are audited: the store, or the key store.

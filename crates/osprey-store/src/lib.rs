@@ -3,8 +3,8 @@
 //! The embedded default is SQLite at `$OSPREY_HOME/osprey.db` (WAL journal, `synchronous =
 //! FULL`, so an acknowledged write survives a crash); migrations run on open. Today the store
 //! holds API keys ([`keys`]), the Batch API's files and batches ([`batches`]), the safety
-//! audit log ([`audit`]), conversations ([`conversations`]) and the prompt registry
-//! ([`prompts`]). Postgres
+//! audit log ([`audit`]), conversations ([`conversations`]), the prompt registry ([`prompts`]) and
+//! per-tenant feature flags ([`flags`]). Postgres
 //! (`postgres://...`) is the scaled backend behind the same interface: one set of queries
 //! through sqlx's `Any` driver, a migration directory per backend, and [`testing`] runs every
 //! store test against both.
@@ -23,6 +23,7 @@
 pub mod audit;
 pub mod batches;
 pub mod conversations;
+pub mod flags;
 pub mod keys;
 pub mod prompts;
 pub mod testing;
@@ -36,6 +37,7 @@ use sqlx::any::AnyPoolOptions;
 pub use audit::AuditEntry;
 pub use batches::{BatchRecord, FileRecord};
 pub use conversations::{ConversationRecord, ItemPage, ItemRecord, NewItem, Owner};
+pub use flags::FlagRecord;
 pub use keys::{CreatedKey, KeyRecord, NewKey};
 pub use prompts::{PromptSummary, PromptVersion, Split};
 

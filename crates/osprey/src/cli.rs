@@ -32,6 +32,8 @@ pub enum Command {
     Keys(crate::keys::KeysArgs),
     /// The prompt registry: push versions, label them (with A/B splits), diff, roll back.
     Prompts(crate::prompts::PromptsArgs),
+    /// Per-tenant feature flags, read by servers at request time.
+    Flags(crate::flags::FlagsArgs),
     /// Check a config file.
     #[command(subcommand)]
     Config(ConfigCommand),

@@ -4,6 +4,7 @@
 mod bench;
 mod cli;
 mod config;
+mod flags;
 mod keys;
 mod models;
 mod prompts;
@@ -46,6 +47,7 @@ fn run() -> anyhow::Result<()> {
         cli::Command::Bench(cmd) => bench::run(cmd),
         cli::Command::Keys(args) => keys::run(args),
         cli::Command::Prompts(args) => prompts::run(args),
+        cli::Command::Flags(args) => flags::run(args),
         cli::Command::Config(cli::ConfigCommand::Check { file }) => config::check(&file),
     }
 }

@@ -1,7 +1,9 @@
 //! The admin API, behind the admin key: `POST /admin/keys`, `GET /admin/keys`,
 //! `DELETE /admin/keys/{id}` (revocation, seen by every replica), and `GET /admin/audit`
-//! (`?tenant=NAME&limit=N`): the safety audit log, newest first; and the prompt registry's
-//! routes (`admin_prompts.rs`).
+//! (`?tenant=NAME&limit=N`): the safety audit log, newest first; per-tenant feature flags:
+//! `GET /admin/flags` (`?tenant=NAME`), `PUT /admin/flags/{tenant}/{flag}` with `{"value":
+//! ...}` and `DELETE /admin/flags/{tenant}/{flag}`; and the prompt registry's routes
+//! (`admin_prompts.rs`).
 
 use axum::Json;
 use axum::Router;
@@ -9,7 +11,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, put};
 use osprey_core::{Error, ErrorKind};
 use osprey_store::{KeyRecord, NewKey, StoreError};
 use serde::Deserialize;
@@ -23,6 +25,11 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/admin/keys", get(list_keys).post(create_key))
         .route("/admin/keys/{id}", delete(revoke_key))
         .route("/admin/audit", get(audit_log))
+        .route("/admin/flags", get(list_flags))
+        .route(
+            "/admin/flags/{tenant}/{flag}",
+            put(set_flag).delete(unset_flag),
+        )
         .merge(super::admin_prompts::routes())
         .route_layer(axum::middleware::from_fn_with_state(state, admin_only))
 }
@@ -169,4 +176,54 @@ async fn revoke_key(
         tracing::warn!(error = %e, key = %id, "could not tell Redis of the revocation; other replicas see it within a second through the store");
     }
     Ok(Json(key_json(&record)))
+}
+
+#[derive(Deserialize)]
+struct FlagQuery {
+    tenant: Option<String>,
+}
+
+async fn list_flags(
+    State(state): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<FlagQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let flags = store(&state)?.flags().await.map_err(store_error)?;
+    let data: Vec<_> = (flags.iter())
+        .filter(|f| q.tenant.as_deref().is_none_or(|t| t == f.tenant))
+        .map(|f| {
+            let value: serde_json::Value = serde_json::from_str(&f.value).unwrap_or_default();
+            serde_json::json!({"tenant": f.tenant, "flag": f.flag, "value": value,
+                "updated_at": f.updated_at / 1000})
+        })
+        .collect();
+    Ok(Json(serde_json::json!({"object": "list", "data": data})))
+}
+
+async fn set_flag(
+    State(state): State<AppState>,
+    Path((tenant, flag)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let v: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| Error::invalid("body", format!("Invalid flag request: {e}")))?;
+    let Some(value) = v.get("value").filter(|v| !v.is_null()) else {
+        return Err(Error::invalid("value", "give the flag's `value` (any JSON but null)").into());
+    };
+    store(&state)?
+        .set_flag(&tenant, &flag, &value.to_string())
+        .await
+        .map_err(store_error)?;
+    Ok(Json(
+        serde_json::json!({"tenant": tenant, "flag": flag, "value": value}),
+    ))
+}
+
+async fn unset_flag(
+    State(state): State<AppState>,
+    Path((tenant, flag)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    (store(&state)?.unset_flag(&tenant, &flag).await).map_err(store_error)?;
+    Ok(Json(
+        serde_json::json!({"tenant": tenant, "flag": flag, "deleted": true}),
+    ))
 }

@@ -55,6 +55,7 @@ pub struct AnswerCheck {
 pub fn route(
     tiers: Option<&Tiers>,
     caller: &Caller,
+    flags: &serde_json::Map<String, Value>,
     body: &Bytes,
     level: u8,
 ) -> Result<AutoRoute, Error> {
@@ -72,8 +73,15 @@ pub fn route(
     if level >= 3 {
         (asks, sure) = (Asks::default(), 1.0);
     }
-    let allowed =
-        |m: &str| (caller.tenant.models.as_ref()).is_none_or(|ms| ms.iter().any(|a| a == m));
+    // The tenant's models, less those of tiers its flags turn off.
+    let off: Vec<&str> = (tiers.tiers().iter())
+        .filter(|t| crate::flags::tier_off(flags, &t.name))
+        .map(|t| t.model.as_str())
+        .collect();
+    let allowed = |m: &str| {
+        (caller.tenant.models.as_ref()).is_none_or(|ms| ms.iter().any(|a| a == m))
+            && !off.contains(&m)
+    };
     let choice = tiers.choose(task, sure, asks, allowed).ok_or_else(|| {
         Error::invalid(
             "model",

@@ -149,9 +149,11 @@ async fn generate<R: Routed>(
         response.headers_mut().remove(DEGRADED);
         Some(response)
     };
+    let flags = state.flags(&tenant.name).await;
     let (mut body, guarded) = match state.policies() {
         Some(p) => {
-            let pipeline = p.get(tenant.policy.as_deref()).clone();
+            let flagged = crate::flags::policy(&flags).filter(|name| p.has(name));
+            let pipeline = p.get(flagged.or(tenant.policy.as_deref())).clone();
             let audit = pipeline.config().audit;
             let auditor = crate::safety::Auditor::new(state.audit_store(), audit, &admitted.caller);
             let screened = crate::safety::screen(&state, &pipeline, &auditor, &body).await?;
@@ -162,7 +164,7 @@ async fn generate<R: Routed>(
     let applied = match prompt {
         true => {
             let (with_prompt, applied) =
-                crate::prompts::apply(&state, &admitted.caller, &body).await?;
+                crate::prompts::apply(&state, &admitted.caller, &flags, &body).await?;
             body = with_prompt;
             Some(applied)
         }
@@ -196,7 +198,13 @@ async fn generate<R: Routed>(
         body = capped;
     }
     let mut routed = match admitted.model.as_deref() {
-        Some(auto::AUTO) => Some(auto::route(state.tiers(), &admitted.caller, &body, level)?),
+        Some(auto::AUTO) => Some(auto::route(
+            state.tiers(),
+            &admitted.caller,
+            &flags,
+            &body,
+            level,
+        )?),
         _ => None,
     };
     let dispatched = match routed.as_mut() {
