@@ -92,6 +92,8 @@ pub const AUTO_ANSWERS_ESCALATED: &str = "osprey_auto_answers_escalated_total";
 pub const GUARD_VERDICTS: &str = "osprey_guard_verdicts_total";
 /// Counter: keys throttled for too many flagged requests, by tenant.
 pub const ABUSE_THROTTLED: &str = "osprey_abuse_throttled_total";
+/// Counter: lookups of the exact response cache, by result (`hit`, `miss`).
+pub const RESPONSE_CACHE: &str = "osprey_response_cache_total";
 /// Counter: repeats of an idempotent request given the first one's answer.
 pub const REPLAYED: &str = "osprey_requests_replayed_total";
 /// Counter: answers served from the recent answers, by why (`degraded`, `fallback`).

@@ -41,6 +41,12 @@ pub fn cap_max_tokens(body: &Bytes, cap: u64) -> Option<Bytes> {
     Some(serde_json::to_vec(&v).ok()?.into())
 }
 
+/// Whether a streamed request asks for the usage chunk (`stream_options.include_usage`).
+pub fn include_usage(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .is_ok_and(|v| v["stream_options"]["include_usage"] == true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,6 +36,7 @@
 pub mod admission;
 pub mod auth;
 pub mod body;
+pub mod cache;
 pub mod config;
 pub mod conversation;
 pub mod degrade;

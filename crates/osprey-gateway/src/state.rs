@@ -40,6 +40,8 @@ struct Inner {
     abuse: Abuse,
     /// Per-tenant feature flags, from the store.
     flags: crate::flags::Flags,
+    /// The exact response cache (off on workers: their gateway caches).
+    response_cache: Option<Arc<crate::cache::ResponseCache>>,
     store: Option<Store>,
     batch_added: Notify,
     edge: Arc<Edge>,
@@ -91,6 +93,7 @@ impl AppState {
                 policies: Some(Policies::default()),
                 abuse: Abuse::default(),
                 flags: crate::flags::Flags::new(),
+                response_cache: Some(Arc::new(crate::cache::ResponseCache::memory())),
                 store: None,
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
@@ -183,6 +186,18 @@ impl AppState {
     /// Flagged requests per key, for throttling abuse.
     pub fn abuse(&self) -> &Abuse {
         &self.inner.abuse
+    }
+
+    /// With `cache` as the exact response cache (`None`: no cache).
+    pub fn with_response_cache(mut self, cache: Option<crate::cache::ResponseCache>) -> Self {
+        let inner = Arc::get_mut(&mut self.inner).expect("configured before it is shared");
+        inner.response_cache = cache.map(Arc::new);
+        self
+    }
+
+    /// The exact response cache, if on.
+    pub fn response_cache(&self) -> Option<&Arc<crate::cache::ResponseCache>> {
+        self.inner.response_cache.as_ref()
     }
 
     /// The feature flags of `tenant` now (see [`crate::flags`]).

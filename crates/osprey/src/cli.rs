@@ -104,10 +104,12 @@ pub struct ServeArgs {
     /// when requests in flight near --max-in-flight (default: TTFT is not watched).
     #[arg(long, env = "OSPREY_TTFT_SLO")]
     pub ttft_slo: Option<f64>,
-    /// Where keys and state live (default: sqlite://$OSPREY_HOME/osprey.db).
+    /// Where keys and state live: sqlite://PATH (default: $OSPREY_HOME/osprey.db) or
+    /// postgres://USER@HOST/DB.
     #[arg(long, env = "OSPREY_STORE")]
     pub store: Option<String>,
-    /// Share rate limits (and key revocations) with other replicas through this Redis.
+    /// Share rate limits, key revocations and the response cache with other replicas through
+    /// this Redis.
     #[arg(long, env = "OSPREY_REDIS")]
     pub redis: Option<String>,
     /// Gateway replicas sharing the limits: while Redis is down each enforces this share.

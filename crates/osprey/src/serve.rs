@@ -286,6 +286,11 @@ async fn serve(
     }
     .with_store(store)
     .with_policies(Some(policies))
+    .with_response_cache(Some(match &args.redis {
+        Some(url) => osprey_gateway::cache::ResponseCache::redis(url)
+            .with_context(|| format!("--redis {url}"))?,
+        None => osprey_gateway::cache::ResponseCache::memory(),
+    }))
     .with_ttft_slo(
         (args.ttft_slo)
             .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())

@@ -15,7 +15,9 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         // The gateway in front screened each request under its tenant's policy.
-        let state = AppState::new(served_name(&args.engine)).with_policies(None);
+        let state = AppState::new(served_name(&args.engine))
+            .with_policies(None)
+            .with_response_cache(None);
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await

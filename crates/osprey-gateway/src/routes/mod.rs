@@ -179,76 +179,93 @@ async fn generate<R: Routed>(
         }
         None => None,
     };
-    if level >= 5
-        && let Some(mut response) = cached("degraded")
-    {
-        degraded(&mut response, level);
-        return Ok(response);
-    }
-    if level >= 4 && crate::degrade::is_batch(&body, tenant.priority) {
-        return Err(crate::degrade::deferred().into());
-    }
-    let cap = match level {
-        5.. => DEGRADED_PARTIAL_MAX_TOKENS,
-        _ => DEGRADED_MAX_TOKENS,
-    };
-    if level >= 1
-        && let Some(capped) = crate::body::cap_max_tokens(&body, cap)
-    {
-        body = capped;
-    }
-    let mut routed = match admitted.model.as_deref() {
-        Some(auto::AUTO) => Some(auto::route(
-            state.tiers(),
-            &admitted.caller,
-            &flags,
-            &body,
-            level,
-        )?),
+    let cache_key =
+        (state.response_cache()).and_then(|_| crate::cache::key(&tenant.cache_salt, path, &body));
+    let hit = match (state.response_cache(), &cache_key) {
+        (Some(cache), Some(key)) => cache.get(key).await,
         _ => None,
     };
-    let dispatched = match routed.as_mut() {
-        Some(routed) => {
-            admitted.model = Some(routed.model.clone());
-            checked(state.clone(), admitted, routed, path, &local).await
+    let mut response = 'answer: {
+        if let Some(answer) = hit {
+            let usage = crate::body::include_usage(&body);
+            break 'answer crate::cache::replay(&answer, replay::is_streamed(&body), usage);
         }
-        None => dispatch(state.clone(), admitted, body, path, &local).await,
-    };
-    let mut response = match dispatched {
-        Ok(response) => response,
-        // The last step of every fallback chain: the answer given to this request before.
-        Err(e) if warrants_fallback(&e.0) => match cached("fallback") {
-            Some(mut response) => {
-                let why = format!("cached answer: {}", e.0.code.as_deref().unwrap_or("failed"));
-                if let Ok(why) = HeaderValue::from_str(&why) {
-                    response.headers_mut().insert(ROUTE_REASON, why);
-                }
-                degraded(&mut response, level);
-                return Ok(response);
-            }
-            None => return Err(e),
-        },
-        Err(e) => return Err(e),
-    };
-    degraded(&mut response, level);
-    let headers = response.headers_mut();
-    if let Some(routed) = routed {
-        let reason = match headers.get(ROUTE_REASON).and_then(|r| r.to_str().ok()) {
-            Some(then) => format!("{}; {then}", routed.reason),
-            None => routed.reason,
+        if level >= 5
+            && let Some(mut response) = cached("degraded")
+        {
+            degraded(&mut response, level);
+            return Ok(response);
+        }
+        if level >= 4 && crate::degrade::is_batch(&body, tenant.priority) {
+            return Err(crate::degrade::deferred().into());
+        }
+        let cap = match level {
+            5.. => DEGRADED_PARTIAL_MAX_TOKENS,
+            _ => DEGRADED_MAX_TOKENS,
         };
-        tracing::info!(tier = %routed.tier, model = %routed.model, %reason, level, "auto routed");
-        if let (Ok(tier), Ok(reason)) = (
-            HeaderValue::from_str(&routed.tier),
-            HeaderValue::from_str(&reason),
-        ) {
-            headers.insert(auto::TIER, tier);
-            headers.insert(ROUTE_REASON, reason);
+        if level >= 1
+            && let Some(capped) = crate::body::cap_max_tokens(&body, cap)
+        {
+            body = capped;
         }
-    }
-    if let Some((pipeline, restore, auditor)) = guarded {
-        response = crate::safety::filter_output(response, &pipeline, restore, &auditor);
-    }
+        let mut routed = match admitted.model.as_deref() {
+            Some(auto::AUTO) => Some(auto::route(
+                state.tiers(),
+                &admitted.caller,
+                &flags,
+                &body,
+                level,
+            )?),
+            _ => None,
+        };
+        let dispatched = match routed.as_mut() {
+            Some(routed) => {
+                admitted.model = Some(routed.model.clone());
+                checked(state.clone(), admitted, routed, path, &local).await
+            }
+            None => dispatch(state.clone(), admitted, body, path, &local).await,
+        };
+        let mut response = match dispatched {
+            Ok(response) => response,
+            // The last step of every fallback chain: the answer given to this request before.
+            Err(e) if warrants_fallback(&e.0) => match cached("fallback") {
+                Some(mut response) => {
+                    let why = format!("cached answer: {}", e.0.code.as_deref().unwrap_or("failed"));
+                    if let Ok(why) = HeaderValue::from_str(&why) {
+                        response.headers_mut().insert(ROUTE_REASON, why);
+                    }
+                    degraded(&mut response, level);
+                    return Ok(response);
+                }
+                None => return Err(e),
+            },
+            Err(e) => return Err(e),
+        };
+        degraded(&mut response, level);
+        let headers = response.headers_mut();
+        if let Some(routed) = routed {
+            let reason = match headers.get(ROUTE_REASON).and_then(|r| r.to_str().ok()) {
+                Some(then) => format!("{}; {then}", routed.reason),
+                None => routed.reason,
+            };
+            tracing::info!(tier = %routed.tier, model = %routed.model, %reason, level, "auto routed");
+            if let (Ok(tier), Ok(reason)) = (
+                HeaderValue::from_str(&routed.tier),
+                HeaderValue::from_str(&reason),
+            ) {
+                headers.insert(auto::TIER, tier);
+                headers.insert(ROUTE_REASON, reason);
+            }
+        }
+        if let Some((pipeline, restore, auditor)) = guarded {
+            response = crate::safety::filter_output(response, &pipeline, restore, &auditor);
+        }
+        // A degraded answer (capped, a smaller tier) is not the answer to the request as asked.
+        match (state.response_cache(), cache_key) {
+            (Some(cache), Some(key)) if level == 0 => cache.keep(key, response).await,
+            _ => response,
+        }
+    };
     if let Some(turn) = turn {
         response = turn.keep(response).await;
     }

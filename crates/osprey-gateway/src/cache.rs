@@ -1,0 +1,426 @@
+//! The exact response cache: a deterministic request (temperature 0, or a `seed`) that was
+//! answered before is answered again from the cache, streamed or not, without generating.
+//!
+//! - **Key**: the tenant's cache scope, the route and the request as it reaches the model
+//!   (after its prompt is rendered and its conversation's history added), normalised: keys
+//!   sorted, and `stream`, `stream_options`, `user` and `osprey.priority` left out. So the
+//!   same question with a new prompt version or a longer history is another entry.
+//! - **Where**: in this process by default (bounded like the recent answers); with `--redis`,
+//!   in Redis, so every replica shares it. A Redis that fails or is slow (100 ms) is a miss.
+//! - **What**: successful answers without logprobs or tool calls, not stopped by the output
+//!   filter and not degraded by the load ladder, as the JSON of a non-streamed answer. A streamed answer is kept once its stream
+//!   ends with usage and `[DONE]`. A streamed request that hits gets the kept answer as a
+//!   stream: a chunk with each choice's text, its finish, the usage if asked, `[DONE]`.
+//! - **Seen**: `x-osprey-cache: hit` or `miss` on every cacheable answer, and
+//!   `osprey_response_cache_total{result}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use redis::AsyncCommands;
+use serde_json::{Map, Value, json};
+
+use crate::replay::{Answers, CACHE, KEPT_FOR};
+
+/// How long Redis may take to answer before the lookup counts as a miss.
+const REDIS_TIMEOUT: Duration = Duration::from_millis(100);
+const REDIS_PREFIX: &str = "osprey:cache:";
+
+/// Where answers are kept.
+pub struct ResponseCache {
+    memory: Answers,
+    redis: Option<redis::Client>,
+    conn: tokio::sync::Mutex<Option<redis::aio::ConnectionManager>>,
+}
+
+/// A cacheable request's key.
+pub type Key = [u8; 32];
+
+/// The key of `body` for `path` in `scope`, if the request is deterministic.
+pub fn key(scope: &str, path: &str, body: &[u8]) -> Option<Key> {
+    let mut v: Value = serde_json::from_slice(body).ok()?;
+    let deterministic = v["temperature"].as_f64() == Some(0.0) || v["seed"].is_number();
+    if !deterministic || v["n"].as_u64().is_some_and(|n| n > 1) {
+        return None;
+    }
+    let object = v.as_object_mut()?;
+    for field in ["stream", "stream_options", "user"] {
+        object.remove(field);
+    }
+    if let Some(osprey) = object.get_mut("osprey").and_then(Value::as_object_mut) {
+        osprey.remove("priority");
+    }
+    Some(crate::replay::key(
+        scope,
+        path,
+        "cache",
+        canonical(&v).as_bytes(),
+    ))
+}
+
+/// `v` as JSON with every object's keys sorted.
+fn canonical(v: &Value) -> String {
+    fn sorted(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                let out: Map<String, Value> = keys
+                    .into_iter()
+                    .map(|k| (k.clone(), sorted(&m[k])))
+                    .collect();
+                Value::Object(out)
+            }
+            Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+            v => v.clone(),
+        }
+    }
+    sorted(v).to_string()
+}
+
+impl ResponseCache {
+    /// In this process only.
+    pub fn memory() -> Self {
+        Self {
+            memory: Answers::default(),
+            redis: None,
+            conn: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// In Redis at `url`, shared by replicas.
+    pub fn redis(url: &str) -> redis::RedisResult<Self> {
+        Ok(Self {
+            redis: Some(redis::Client::open(url)?),
+            ..Self::memory()
+        })
+    }
+
+    async fn connection(&self) -> Option<redis::aio::ConnectionManager> {
+        let client = self.redis.as_ref()?;
+        let mut conn = self.conn.lock().await;
+        if conn.is_none() {
+            let config = redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(REDIS_TIMEOUT))
+                .set_response_timeout(Some(REDIS_TIMEOUT))
+                .set_number_of_retries(0);
+            match redis::aio::ConnectionManager::new_with_config(client.clone(), config).await {
+                Ok(c) => *conn = Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the response cache's Redis is unreachable");
+                    return None;
+                }
+            }
+        }
+        conn.clone()
+    }
+
+    fn redis_key(key: &Key) -> String {
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{REDIS_PREFIX}{hex}")
+    }
+
+    /// The kept answer (its JSON) for `key`.
+    pub async fn get(&self, key: &Key) -> Option<Value> {
+        let found = match &self.redis {
+            None => (self.memory.get(key)).and_then(|a| a.json()),
+            Some(_) => {
+                let mut conn = self.connection().await?;
+                let got = tokio::time::timeout(
+                    REDIS_TIMEOUT,
+                    conn.get::<_, Option<Vec<u8>>>(Self::redis_key(key)),
+                )
+                .await;
+                match got {
+                    Ok(Ok(bytes)) => bytes.and_then(|b| serde_json::from_slice(&b).ok()),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "response cache lookup failed");
+                        *self.conn.lock().await = None;
+                        None
+                    }
+                    Err(_) => None,
+                }
+            }
+        };
+        let result = if found.is_some() { "hit" } else { "miss" };
+        metrics::counter!(osprey_core::metrics::RESPONSE_CACHE, "result" => result).increment(1);
+        found
+    }
+
+    async fn put(&self, key: Key, answer: &Value) {
+        if !keepable(answer) {
+            return;
+        }
+        let body = Bytes::from(serde_json::to_vec(answer).expect("JSON serialises"));
+        match &self.redis {
+            None => {
+                let mut r = Response::new(Body::from(body));
+                r.headers_mut().insert(
+                    axum::http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                self.memory.keep(key, r).await;
+            }
+            Some(_) => {
+                let Some(mut conn) = self.connection().await else {
+                    return;
+                };
+                let ttl = KEPT_FOR.as_secs();
+                let set = conn.set_ex::<_, _, ()>(Self::redis_key(&key), body.to_vec(), ttl);
+                if let Ok(Err(e)) = tokio::time::timeout(REDIS_TIMEOUT, set).await {
+                    tracing::warn!(error = %e, "response cache write failed");
+                }
+            }
+        }
+    }
+
+    /// `response` (the answer to a cacheable miss) marked `miss`, kept once it is complete.
+    pub async fn keep(self: &Arc<Self>, key: Key, response: Response) -> Response {
+        let mut response = response;
+        response
+            .headers_mut()
+            .insert(CACHE, HeaderValue::from_static("miss"));
+        if !response.status().is_success() {
+            return response;
+        }
+        if is_stream(&response) {
+            return self.keep_stream(key, response);
+        }
+        let answer = match crate::replay::Answer::read(response).await {
+            Ok(a) => a,
+            Err(r) => return r,
+        };
+        if let Some(json) = answer.json() {
+            self.put(key, &json).await;
+        }
+        answer.response()
+    }
+
+    fn keep_stream(self: &Arc<Self>, key: Key, response: Response) -> Response {
+        let (parts, body) = response.into_parts();
+        let this = self.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+        tokio::spawn(async move {
+            let mut events = body.into_data_stream().eventsource();
+            let mut assembled = Assembled::default();
+            while let Some(Ok(event)) = events.next().await {
+                if event.data == "[DONE]" {
+                    if let Some(answer) = assembled.answer() {
+                        this.put(key, &answer).await;
+                    }
+                } else if let Ok(chunk) = serde_json::from_str::<Value>(&event.data) {
+                    assembled.add(&chunk);
+                }
+                if tx
+                    .send(format!("data: {}\n\n", event.data).into())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let events =
+            tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
+        let mut response = Response::from_parts(parts, Body::from_stream(events));
+        response
+            .headers_mut()
+            .remove(axum::http::header::CONTENT_LENGTH);
+        response
+    }
+}
+
+fn is_stream(response: &Response) -> bool {
+    (response.headers().get(axum::http::header::CONTENT_TYPE))
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/event-stream"))
+}
+
+/// Whether an answer may be kept: it has usage, and no choice has logprobs, tool calls or
+/// was stopped by the output filter.
+fn keepable(answer: &Value) -> bool {
+    let choices = answer["choices"].as_array();
+    answer["usage"].is_object()
+        && choices.is_some_and(|cs| {
+            cs.iter().all(|c| {
+                c["logprobs"].is_null()
+                    && c["message"]["tool_calls"].is_null()
+                    && c["finish_reason"] != "content_filter"
+            })
+        })
+}
+
+/// A streamed answer put back together from its chunks.
+#[derive(Default)]
+struct Assembled {
+    head: Option<Value>,
+    /// Per choice: text, finish reason.
+    choices: std::collections::BTreeMap<u64, (String, Value)>,
+    usage: Option<Value>,
+    chat: bool,
+    broken: bool,
+}
+
+impl Assembled {
+    fn add(&mut self, chunk: &Value) {
+        if self.head.is_none() {
+            self.head = Some(chunk.clone());
+            self.chat = chunk["object"] == "chat.completion.chunk";
+        }
+        if chunk["usage"].is_object() {
+            self.usage = Some(chunk["usage"].clone());
+        }
+        for c in chunk["choices"].as_array().into_iter().flatten() {
+            let entry = self
+                .choices
+                .entry(c["index"].as_u64().unwrap_or(0))
+                .or_default();
+            let text = match self.chat {
+                true => c["delta"]["content"].as_str(),
+                false => c["text"].as_str(),
+            };
+            entry.0.push_str(text.unwrap_or_default());
+            if !c["finish_reason"].is_null() {
+                entry.1 = c["finish_reason"].clone();
+            }
+            self.broken |= !c["logprobs"].is_null() || !c["delta"]["tool_calls"].is_null();
+        }
+    }
+
+    /// The non-streamed answer it amounts to.
+    fn answer(&self) -> Option<Value> {
+        let head = self.head.as_ref().filter(|_| !self.broken)?;
+        let choices: Vec<Value> = (self.choices.iter())
+            .map(|(i, (text, finish))| match self.chat {
+                true => json!({"index": i, "message": {"role": "assistant", "content": text},
+                               "logprobs": null, "finish_reason": finish}),
+                false => {
+                    json!({"index": i, "text": text, "logprobs": null, "finish_reason": finish})
+                }
+            })
+            .collect();
+        let object = if self.chat {
+            "chat.completion"
+        } else {
+            "text_completion"
+        };
+        Some(
+            json!({"id": head["id"], "object": object, "created": head["created"],
+                    "model": head["model"], "system_fingerprint": head["system_fingerprint"],
+                    "choices": choices, "usage": self.usage.clone()?}),
+        )
+    }
+}
+
+/// The kept `answer` as the response to a request that hit, streamed if it asked for a stream.
+pub fn replay(answer: &Value, streamed: bool, include_usage: bool) -> Response {
+    let mut response = match streamed {
+        false => axum::Json(answer.clone()).into_response(),
+        true => {
+            let chat = answer["object"] == "chat.completion";
+            let object = if chat {
+                "chat.completion.chunk"
+            } else {
+                "text_completion"
+            };
+            let chunk = |choices: Value| {
+                json!({"id": answer["id"], "object": object, "created": answer["created"],
+                       "model": answer["model"], "system_fingerprint": answer["system_fingerprint"],
+                       "choices": choices})
+            };
+            let mut events = Vec::new();
+            for c in answer["choices"].as_array().into_iter().flatten() {
+                let i = &c["index"];
+                events.push(match chat {
+                    true => chunk(json!([{"index": i, "delta": {"role": "assistant", "content": c["message"]["content"]}, "logprobs": null, "finish_reason": null}])),
+                    false => chunk(json!([{"index": i, "text": c["text"], "logprobs": null, "finish_reason": null}])),
+                });
+                events.push(match chat {
+                    true => chunk(json!([{"index": i, "delta": {}, "logprobs": null, "finish_reason": c["finish_reason"]}])),
+                    false => chunk(json!([{"index": i, "text": "", "logprobs": null, "finish_reason": c["finish_reason"]}])),
+                });
+            }
+            if include_usage {
+                let mut last = chunk(json!([]));
+                last["usage"] = answer["usage"].clone();
+                events.push(last);
+            }
+            let mut sse: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+            sse.push_str("data: [DONE]\n\n");
+            let mut r = Response::new(Body::from(sse));
+            r.headers_mut().insert(
+                axum::http::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            r
+        }
+    };
+    response
+        .headers_mut()
+        .insert(CACHE, HeaderValue::from_static("hit"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_deterministic_requests_have_a_key_and_it_ignores_delivery() {
+        let k = |v: Value| key("t", "chat", v.to_string().as_bytes());
+        let base = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0});
+        assert!(
+            k(json!({"model": "m", "messages": []})).is_none(),
+            "sampled"
+        );
+        assert!(k(json!({"model": "m", "temperature": 0.7})).is_none());
+        assert!(k(json!({"model": "m", "seed": 3})).is_some());
+        let mut streamed = base.clone();
+        streamed["stream"] = true.into();
+        streamed["stream_options"] = json!({"include_usage": true});
+        streamed["user"] = "ada".into();
+        assert_eq!(k(base.clone()), k(streamed), "delivery is not the question");
+        let reordered = json!({"temperature": 0, "messages": [{"content": "hi", "role": "user"}], "model": "m"});
+        assert_eq!(k(base.clone()), k(reordered));
+        let mut other = base.clone();
+        other["max_tokens"] = 5.into();
+        assert_ne!(k(base.clone()), k(other));
+        assert_ne!(
+            key("t", "chat", base.to_string().as_bytes()),
+            key("u", "chat", base.to_string().as_bytes())
+        );
+    }
+
+    #[test]
+    fn a_stream_puts_back_together_and_replays() {
+        let mut a = Assembled::default();
+        let head =
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"});
+        let with = |choices: Value| {
+            let mut c = head.clone();
+            c["choices"] = choices;
+            c
+        };
+        a.add(&with(
+            json!([{"index": 0, "delta": {"role": "assistant", "content": "Hel"}}]),
+        ));
+        a.add(&with(
+            json!([{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]),
+        ));
+        assert!(a.answer().is_none(), "no usage yet: not kept");
+        let mut usage = with(json!([]));
+        usage["usage"] = json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5});
+        a.add(&usage);
+        let answer = a.answer().unwrap();
+        assert_eq!(answer["choices"][0]["message"]["content"], "Hello");
+        assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+        assert!(keepable(&answer));
+        let r = replay(&answer, false, false);
+        assert_eq!(r.headers()[CACHE], "hit");
+    }
+}
