@@ -181,7 +181,7 @@ start_gateways() {  # MODE
       AUTH[$t]=$(OSPREY_HOME=$home "$OSPREY" keys create --tenant bench --rpm 100000000 --tpm 100000000000 | tr -d '[:space:]')
       [ -n "${AUTH[$t]}" ] || { echo "osprey keys create printed no key" >&2; exit 1; }
       # Limits are checked on every request (key and tenant buckets) but set high enough never to bind.
-      OSPREY_HOME=$home "$OSPREY" serve --no-engine --port "$port" --upstream "mock=$base" "${extra[@]}" \
+      OSPREY_HOME=$home "$OSPREY" serve --no-engine --no-response-cache --port "$port" --upstream "mock=$base" "${extra[@]}" \
         --default-rpm 100000000 --default-tpm 100000000000 --default-max-concurrent 100000 \
         >"$log" 2>&1 &
       PID[$t]=$!; STARTED+=("${PID[$t]}")

@@ -32,10 +32,10 @@ for p in $W1 $W2; do
   pids+=($!)
 done
 workers=(--worker "http://127.0.0.1:$W1" --worker "http://127.0.0.1:$W2")
-"$BIN" serve --port "$CA" "${workers[@]}" --routing-policy cache_aware --store "sqlite://$STATE/ca.db" \
+"$BIN" serve --no-response-cache --port "$CA" "${workers[@]}" --routing-policy cache_aware --store "sqlite://$STATE/ca.db" \
   >"$STATE/gateway-ca.log" 2>&1 &
 pids+=($!)
-"$BIN" serve --port "$RR" "${workers[@]}" --routing-policy round_robin --store "sqlite://$STATE/rr.db" \
+"$BIN" serve --no-response-cache --port "$RR" "${workers[@]}" --routing-policy round_robin --store "sqlite://$STATE/rr.db" \
   >"$STATE/gateway-rr.log" 2>&1 &
 pids+=($!)
 for p in $CA $RR; do

@@ -34,7 +34,7 @@ wait_ready() {
 # start_osprey PORT KV_TOKENS [serve flags...]; sets PID
 start_osprey() {
   local port=$1 tokens=$2; shift 2
-  "$OSPREY" serve --port "$port" --model "$MODEL" --threads 2 \
+  "$OSPREY" serve --no-response-cache --port "$port" --model "$MODEL" --threads 2 \
     --kv-cache-memory $((tokens * KV_TOKEN_BYTES)) "$@" >"$OUT/osprey-$port.log" 2>&1 &
   PID=$!; PIDS+=("$PID"); wait_ready "$port"
 }

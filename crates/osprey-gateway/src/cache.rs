@@ -20,8 +20,6 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
-use eventsource_stream::Eventsource;
-use futures_util::StreamExt;
 use redis::AsyncCommands;
 use serde_json::{Map, Value, json};
 
@@ -188,7 +186,7 @@ impl ResponseCache {
         if !response.status().is_success() {
             return response;
         }
-        if is_stream(&response) {
+        if crate::sse_tap::is_stream(&response) {
             return self.keep_stream(key, response);
         }
         let answer = match crate::replay::Answer::read(response).await {
@@ -202,43 +200,24 @@ impl ResponseCache {
     }
 
     fn keep_stream(self: &Arc<Self>, key: Key, response: Response) -> Response {
-        let (parts, body) = response.into_parts();
         let this = self.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
-        tokio::spawn(async move {
-            let mut events = body.into_data_stream().eventsource();
-            let mut assembled = Assembled::default();
-            while let Some(Ok(event)) = events.next().await {
-                if event.data == "[DONE]" {
-                    if let Some(answer) = assembled.answer() {
-                        this.put(key, &answer).await;
-                    }
-                } else if let Ok(chunk) = serde_json::from_str::<Value>(&event.data) {
+        let mut assembled = Assembled::default();
+        crate::sse_tap::tap(response, move |data| {
+            if data != "[DONE]" {
+                if let Ok(chunk) = serde_json::from_str::<Value>(&data) {
                     assembled.add(&chunk);
                 }
-                if tx
-                    .send(format!("data: {}\n\n", event.data).into())
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
+                return Box::pin(std::future::ready(data));
             }
-        });
-        let events =
-            tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
-        let mut response = Response::from_parts(parts, Body::from_stream(events));
-        response
-            .headers_mut()
-            .remove(axum::http::header::CONTENT_LENGTH);
-        response
+            let (this, answer) = (this.clone(), assembled.answer());
+            Box::pin(async move {
+                if let Some(answer) = answer {
+                    this.put(key, &answer).await;
+                }
+                data
+            })
+        })
     }
-}
-
-fn is_stream(response: &Response) -> bool {
-    (response.headers().get(axum::http::header::CONTENT_TYPE))
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.starts_with("text/event-stream"))
 }
 
 /// Whether an answer may be kept: it has usage, and no choice has logprobs, tool calls or

@@ -14,10 +14,8 @@
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
-use eventsource_stream::Eventsource;
-use futures_util::StreamExt;
 use osprey_core::{Error, ErrorKind};
 use osprey_store::{ItemPage, NewItem, Owner, Store};
 use serde_json::Value;
@@ -154,10 +152,7 @@ impl Turn {
         if !response.status().is_success() {
             return response;
         }
-        let streamed = (response.headers().get(axum::http::header::CONTENT_TYPE))
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|t| t.starts_with("text/event-stream"));
-        match streamed {
+        match crate::sse_tap::is_stream(&response) {
             true => self.keep_stream(response),
             false => self.keep_answer(response).await,
         }
@@ -181,50 +176,31 @@ impl Turn {
     }
 
     fn keep_stream(self, response: Response) -> Response {
-        let (parts, body) = response.into_parts();
-        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
         let turn = Arc::new(self);
-        tokio::spawn(async move {
-            let mut events = body.into_data_stream().eventsource();
-            let mut text = String::new();
-            while let Some(Ok(event)) = events.next().await {
-                if event.data == "[DONE]" {
-                    let last = match turn.append(std::mem::take(&mut text)).await {
-                        Ok(()) => "data: [DONE]\n\n".to_owned(),
+        let mut text = String::new();
+        crate::sse_tap::tap(response, move |data| {
+            if data == "[DONE]" {
+                let (turn, text) = (turn.clone(), std::mem::take(&mut text));
+                return Box::pin(async move {
+                    match turn.append(text).await {
+                        Ok(()) => data,
                         Err(e) => {
-                            let body = crate::error::error_body(&e);
-                            format!(
-                                "data: {}\n\n",
-                                serde_json::to_string(&body).unwrap_or_default()
-                            )
-                        }
-                    };
-                    let _ = tx.send(last.into()).await;
-                    return;
-                }
-                if let Ok(v) = serde_json::from_str::<Value>(&event.data) {
-                    for choice in v["choices"].as_array().into_iter().flatten() {
-                        if choice["index"].as_u64().unwrap_or(0) == 0
-                            && let Some(t) = choice["delta"]["content"].as_str()
-                        {
-                            text.push_str(t);
+                            serde_json::to_string(&crate::error::error_body(&e)).unwrap_or_default()
                         }
                     }
-                }
-                let frame = format!("data: {}\n\n", event.data);
-                if tx.send(frame.into()).await.is_err() {
-                    // The client left: dropping the body cancels the generation.
-                    return;
+                });
+            }
+            if let Ok(v) = serde_json::from_str::<Value>(&data) {
+                for choice in v["choices"].as_array().into_iter().flatten() {
+                    if choice["index"].as_u64().unwrap_or(0) == 0
+                        && let Some(t) = choice["delta"]["content"].as_str()
+                    {
+                        text.push_str(t);
+                    }
                 }
             }
-        });
-        let events =
-            tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
-        let mut response = Response::from_parts(parts, Body::from_stream(events));
-        response
-            .headers_mut()
-            .remove(axum::http::header::CONTENT_LENGTH);
-        response
+            Box::pin(std::future::ready(data))
+        })
     }
 
     async fn append(&self, answer: String) -> Result<(), Error> {

@@ -50,6 +50,7 @@ pub mod prompts;
 pub mod replay;
 pub mod routes;
 pub mod safety;
+pub mod sse_tap;
 pub mod state;
 pub mod upstream;
 pub mod workers;

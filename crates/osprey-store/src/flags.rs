@@ -30,7 +30,7 @@ impl Store {
         .bind(now_ms())
         .execute(&mut *tx)
         .await?;
-        bump(&mut tx).await?;
+        crate::bump_counter(&mut tx, "flags").await?;
         tx.commit().await?;
         Ok(())
     }
@@ -48,7 +48,7 @@ impl Store {
                 "flag {flag} of tenant {tenant}"
             )));
         }
-        bump(&mut tx).await?;
+        crate::bump_counter(&mut tx, "flags").await?;
         tx.commit().await?;
         Ok(())
     }
@@ -61,13 +61,6 @@ impl Store {
         .fetch_all(&self.pool)
         .await?)
     }
-}
-
-async fn bump(tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<()> {
-    sqlx::query("UPDATE change_counters SET value = value + 1 WHERE name = 'flags'")
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -139,7 +139,7 @@ impl Store {
         .bind(record.revoked_at)
         .execute(&mut *tx)
         .await?;
-        bump_keys(&mut tx).await?;
+        crate::bump_counter(&mut tx, "keys").await?;
         tx.commit().await?;
         Ok(CreatedKey { record, secret })
     }
@@ -176,7 +176,7 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
         let record = record.ok_or_else(|| StoreError::NotFound(format!("key {id}")))?;
-        bump_keys(&mut tx).await?;
+        crate::bump_counter(&mut tx, "keys").await?;
         tx.commit().await?;
         Ok(record)
     }
@@ -196,13 +196,6 @@ impl Store {
         tx.commit().await?;
         Ok(())
     }
-}
-
-async fn bump_keys(tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<()> {
-    sqlx::query("UPDATE change_counters SET value = value + 1 WHERE name = 'keys'")
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -187,6 +187,18 @@ impl Store {
     }
 }
 
+/// Bumps change counter `name` within `tx`, so other processes notice the change.
+pub(crate) async fn bump_counter(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    name: &str,
+) -> Result<()> {
+    sqlx::query("UPDATE change_counters SET value = value + 1 WHERE name = $1")
+        .bind(name)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     SystemTime::now()

@@ -77,6 +77,9 @@ pub struct ServeArgs {
     /// Run no local engine: serve only upstream models.
     #[arg(long, env = "OSPREY_NO_ENGINE")]
     pub no_engine: bool,
+    /// Turn the exact response cache off (benchmarks: a hit is not a measurement of serving).
+    #[arg(long, env = "OSPREY_NO_RESPONSE_CACHE")]
+    pub no_response_cache: bool,
     /// Serve the model from these `osprey worker`s (base URLs, without `/v1`) instead of an
     /// engine in this process; repeatable.
     #[arg(

@@ -1,9 +1,7 @@
 //! `osprey flags set|unset|list`: per-tenant feature flags in the store; servers follow a
 //! change within about a second, without a restart (see `osprey_gateway::flags`).
 
-use anyhow::Context;
 use clap::{Args, Subcommand};
-use osprey_store::Store;
 
 use crate::keys::iso;
 
@@ -46,14 +44,7 @@ pub enum FlagsCommand {
 }
 
 pub fn run(args: FlagsArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let url = crate::serve::store_url(&args.store)?;
-        let store = Store::open(&url)
-            .await
-            .with_context(|| format!("opening the store {url}"))?;
+    crate::serve::with_store(&args.store.clone(), async move |store| {
         match args.command {
             FlagsCommand::Set {
                 tenant,

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use osprey_store::{NewKey, Store, now_ms};
+use osprey_store::{NewKey, now_ms};
 
 /// `osprey keys`.
 #[derive(Args, Debug)]
@@ -66,14 +66,7 @@ fn parse_expiry(s: &str) -> Result<i64, String> {
 }
 
 pub fn run(args: KeysArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let url = crate::serve::store_url(&args.store)?;
-        let store = Store::open(&url)
-            .await
-            .with_context(|| format!("opening the store {url}"))?;
+    crate::serve::with_store(&args.store.clone(), async move |store| {
         match args.command {
             KeysCommand::Create {
                 tenant,

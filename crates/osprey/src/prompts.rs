@@ -4,7 +4,6 @@
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use osprey_context::prompt::{PromptDef, diff, parse_split};
-use osprey_store::Store;
 
 use crate::keys::iso;
 
@@ -82,14 +81,7 @@ fn split_text(split: &osprey_store::Split) -> String {
 }
 
 pub fn run(args: PromptsArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let url = crate::serve::store_url(&args.store)?;
-        let store = Store::open(&url)
-            .await
-            .with_context(|| format!("opening the store {url}"))?;
+    crate::serve::with_store(&args.store.clone(), async move |store| {
         let def = |body: &str| PromptDef::parse(body).context("a stored prompt");
         match args.command {
             PromptsCommand::Push { name, file } => {

@@ -166,6 +166,24 @@ pub fn store_url(flag: &Option<String>) -> anyhow::Result<String> {
     })
 }
 
+/// Runs `command` on the store named by `flag` (the default one without it), on a runtime of
+/// its own: the body of every CLI command that manages state.
+pub fn with_store(
+    flag: &Option<String>,
+    command: impl AsyncFnOnce(Store) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let url = store_url(flag)?;
+        let store = Store::open(&url)
+            .await
+            .with_context(|| format!("opening the store {url}"))?;
+        command(store).await
+    })
+}
+
 /// The engine's configuration from the command line.
 pub fn engine_config(args: &EngineArgs) -> EngineConfig {
     EngineConfig {
@@ -286,11 +304,14 @@ async fn serve(
     }
     .with_store(store)
     .with_policies(Some(policies))
-    .with_response_cache(Some(match &args.redis {
-        Some(url) => osprey_gateway::cache::ResponseCache::redis(url)
-            .with_context(|| format!("--redis {url}"))?,
-        None => osprey_gateway::cache::ResponseCache::memory(),
-    }))
+    .with_response_cache(match (&args.redis, args.no_response_cache) {
+        (_, true) => None,
+        (Some(url), false) => Some(
+            osprey_gateway::cache::ResponseCache::redis(url)
+                .with_context(|| format!("--redis {url}"))?,
+        ),
+        (None, false) => Some(osprey_gateway::cache::ResponseCache::memory()),
+    })
     .with_ttft_slo(
         (args.ttft_slo)
             .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
