@@ -168,4 +168,27 @@ try:
 except openai.BadRequestError as e:
     check("a blocked chat raises BadRequestError", e.body.get("code") == "content_policy_violation", e.body)
 
+conv = client.conversations.create(
+    items=[{"type": "message", "role": "user", "content": "My name is Ada and I keep bees."}],
+    metadata={"topic": "names"})
+check("conversations.create", conv.id.startswith("conv_") and conv.metadata == {"topic": "names"}, conv)
+answer = client.chat.completions.create(
+    model=model, max_tokens=8, temperature=0,
+    messages=[{"role": "user", "content": "What is my name?"}],
+    extra_body={"osprey": {"conversation": conv.id}})
+items = client.conversations.items.list(conv.id, order="asc")
+texts = [i.content[0].text for i in items.data]
+check("a chat in a conversation keeps its turn", texts == [
+    "My name is Ada and I keep bees.", "What is my name?", answer.choices[0].message.content], texts)
+check("conversation items have OpenAI's shape", items.data[2].role == "assistant"
+      and items.data[2].content[0].type == "output_text" and not items.has_more, items)
+client.conversations.items.delete(items.data[0].id, conversation_id=conv.id)
+check("conversations.items.delete", len(client.conversations.items.list(conv.id).data) == 2)
+check("conversations.delete", client.conversations.delete(conv.id).deleted)
+try:
+    client.conversations.retrieve(conv.id)
+    check("a deleted conversation raises NotFoundError", False)
+except openai.NotFoundError as e:
+    check("a deleted conversation raises NotFoundError", e.body.get("code") == "not_found", e.body)
+
 print("all checks passed")
