@@ -32,6 +32,8 @@ pub struct ConversationRecord {
 /// A message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct ItemRecord {
+    /// Its place in the store's order of items: later items have larger ones.
+    pub seq: i64,
     /// `msg_…`.
     pub id: String,
     /// Its conversation.
@@ -53,6 +55,16 @@ pub struct NewItem {
     pub content: String,
 }
 
+impl NewItem {
+    /// A message of `role` saying `content`.
+    pub fn new(role: &str, content: &str) -> Self {
+        Self {
+            role: role.to_owned(),
+            content: content.to_owned(),
+        }
+    }
+}
+
 /// Which items of a conversation to list.
 #[derive(Clone, Debug, Default)]
 pub struct ItemPage<'a> {
@@ -64,7 +76,7 @@ pub struct ItemPage<'a> {
     pub newest_first: bool,
 }
 
-const ITEM_COLUMNS: &str = "id, conversation_id, role, content, created_at";
+const ITEM_COLUMNS: &str = "seq, id, conversation_id, role, content, created_at";
 
 impl Store {
     /// Creates a conversation of `owner` holding `items`.
@@ -144,10 +156,13 @@ impl Store {
         if deleted.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!("conversation {id}")));
         }
-        sqlx::query("DELETE FROM conversation_items WHERE conversation_id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        for table in ["conversation_items", "conversation_summaries"] {
+            let sql = format!("DELETE FROM {table} WHERE conversation_id = $1");
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -209,6 +224,27 @@ impl Store {
             .await?)
     }
 
+    /// Up to `limit` items of conversation `id` of `owner` after the item with `seq`, oldest
+    /// first.
+    pub async fn items_since(
+        &self,
+        owner: &Owner,
+        id: &str,
+        seq: i64,
+        limit: i64,
+    ) -> Result<Vec<ItemRecord>> {
+        self.conversation(owner, id).await?;
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {ITEM_COLUMNS} FROM conversation_items \
+             WHERE conversation_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+        )))
+        .bind(id)
+        .bind(seq)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Item `item` of conversation `id` of `owner`.
     pub async fn item(&self, owner: &Owner, id: &str, item: &str) -> Result<ItemRecord> {
         self.conversation(owner, id).await?;
@@ -223,18 +259,25 @@ impl Store {
     }
 
     /// Deletes item `item` of conversation `id` of `owner`.
+    /// The conversation's summary goes too, since it may tell of the item.
     pub async fn delete_item(&self, owner: &Owner, id: &str, item: &str) -> Result<()> {
         self.conversation(owner, id).await?;
+        let mut tx = self.pool.begin().await?;
         let deleted =
             sqlx::query("DELETE FROM conversation_items WHERE id = $1 AND conversation_id = $2")
                 .bind(item)
                 .bind(id)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?;
-        match deleted.rows_affected() {
-            0 => Err(StoreError::NotFound(format!("item {item}"))),
-            _ => Ok(()),
+        if deleted.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("item {item}")));
         }
+        sqlx::query("DELETE FROM conversation_summaries WHERE conversation_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
     }
 }
 
@@ -245,23 +288,24 @@ async fn insert_items(
 ) -> Result<Vec<ItemRecord>> {
     let mut added = Vec::with_capacity(items.len());
     for item in items {
-        let record = ItemRecord {
+        let mut record = ItemRecord {
+            seq: 0,
             id: format!("msg_{}", random_hex(16)),
             conversation_id: conversation.to_owned(),
             role: item.role.clone(),
             content: item.content.clone(),
             created_at: now_ms(),
         };
-        sqlx::query(
+        (record.seq,) = sqlx::query_as(
             "INSERT INTO conversation_items (id, conversation_id, role, content, created_at) \
-             VALUES ($1, $2, $3, $4, $5)",
+             VALUES ($1, $2, $3, $4, $5) RETURNING seq",
         )
         .bind(&record.id)
         .bind(&record.conversation_id)
         .bind(&record.role)
         .bind(&record.content)
         .bind(record.created_at)
-        .execute(&mut **tx)
+        .fetch_one(&mut **tx)
         .await?;
         added.push(record);
     }
@@ -280,10 +324,7 @@ mod tests {
     }
 
     fn say(role: &str, content: &str) -> NewItem {
-        NewItem {
-            role: role.into(),
-            content: content.into(),
-        }
+        NewItem::new(role, content)
     }
 
     #[tokio::test]

@@ -3,8 +3,9 @@
 //! The embedded default is SQLite at `$OSPREY_HOME/osprey.db` (WAL journal, `synchronous =
 //! FULL`, so an acknowledged write survives a crash); migrations run on open. Today the store
 //! holds API keys ([`keys`]), the Batch API's files and batches ([`batches`]), the safety
-//! audit log ([`audit`]), conversations ([`conversations`]), the prompt registry ([`prompts`]) and
-//! per-tenant feature flags ([`flags`]). Postgres
+//! audit log ([`audit`]), conversations ([`conversations`]), users' layered memory
+//! ([`memory`]), the prompt registry ([`prompts`]), per-tenant feature flags ([`flags`]) and
+//! the request log ([`request_log`]); [`users`] forgets a user in one call. Postgres
 //! (`postgres://...`) is the scaled backend behind the same interface: one set of queries
 //! through sqlx's `Any` driver, a migration directory per backend, and [`testing`] runs every
 //! store test against both.
@@ -25,8 +26,11 @@ pub mod batches;
 pub mod conversations;
 pub mod flags;
 pub mod keys;
+pub mod memory;
 pub mod prompts;
+pub mod request_log;
 pub mod testing;
+pub mod users;
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -39,7 +43,10 @@ pub use batches::{BatchRecord, FileRecord};
 pub use conversations::{ConversationRecord, ItemPage, ItemRecord, NewItem, Owner};
 pub use flags::FlagRecord;
 pub use keys::{CreatedKey, KeyRecord, NewKey};
+pub use memory::{FactRecord, SummaryRecord, WorkingRecord};
 pub use prompts::{PromptSummary, PromptVersion, Split};
+pub use request_log::{RequestLogEntry, RequestLogQuery};
+pub use users::UserDeleted;
 
 /// A failure of the store.
 #[derive(Debug, thiserror::Error)]

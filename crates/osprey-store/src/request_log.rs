@@ -1,0 +1,154 @@
+//! The request log: one row per generation request, saying who asked, which model answered,
+//! which prompt version and conversation it used, what the prompt builder injected (memory
+//! layers, history) and how it ended. Never the text, so the log keeps no user content.
+
+use crate::{Result, Store, now_ms};
+
+/// One request, as logged.
+#[derive(Clone, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct RequestLogEntry {
+    /// The request's id (`x-request-id`).
+    pub id: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its user (`""` for the tenant's anonymous user).
+    pub user_id: String,
+    /// `chat/completions` or `completions`.
+    pub route: String,
+    /// The model it named.
+    pub model: String,
+    /// The HTTP status of its answer.
+    pub status: i64,
+    /// The registered prompt it used.
+    pub prompt_name: Option<String>,
+    /// That prompt's version.
+    pub prompt_version: Option<i64>,
+    /// The conversation it was part of.
+    pub conversation_id: Option<String>,
+    /// What the prompt builder put in the prompt, a JSON object: tokens per layer, fact ids,
+    /// the scratchpad's name, history items.
+    pub injected: String,
+    /// `hit` or `miss` for a cacheable request.
+    pub cache: Option<String>,
+    /// Time to the answer's headers, ms.
+    pub latency_ms: i64,
+    /// When it was logged, Unix ms (set on write).
+    pub created_at: i64,
+}
+
+/// Which rows to read.
+#[derive(Clone, Debug, Default)]
+pub struct RequestLogQuery<'a> {
+    /// Of this tenant only.
+    pub tenant: Option<&'a str>,
+    /// Of this user only.
+    pub user: Option<&'a str>,
+    /// That used this prompt only.
+    pub prompt: Option<&'a str>,
+    /// How many at most, newest first.
+    pub limit: i64,
+}
+
+const COLUMNS: &str = "id, tenant, user_id, route, model, status, prompt_name, prompt_version, \
+                       conversation_id, injected, cache, latency_ms, created_at";
+
+impl Store {
+    /// Appends `entry` (its `created_at` set to now).
+    pub async fn log_request(&self, entry: &RequestLogEntry) -> Result<()> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO request_log ({COLUMNS}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+        )))
+        .bind(&entry.id)
+        .bind(&entry.tenant)
+        .bind(&entry.user_id)
+        .bind(&entry.route)
+        .bind(&entry.model)
+        .bind(entry.status)
+        .bind(&entry.prompt_name)
+        .bind(entry.prompt_version)
+        .bind(&entry.conversation_id)
+        .bind(&entry.injected)
+        .bind(&entry.cache)
+        .bind(entry.latency_ms)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The rows `query` asks for, newest first.
+    pub async fn request_log(&self, query: &RequestLogQuery<'_>) -> Result<Vec<RequestLogEntry>> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM request_log \
+             WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR user_id = $2) \
+             AND ($3 IS NULL OR prompt_name = $3) ORDER BY seq DESC LIMIT $4"
+        )))
+        .bind(query.tenant)
+        .bind(query.user)
+        .bind(query.prompt)
+        .bind(query.limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn rows_are_read_back_newest_first_by_tenant_user_and_prompt() {
+        for store in crate::testing::stores().await {
+            let row = |id: &str, tenant: &str, user: &str, prompt: Option<&str>| RequestLogEntry {
+                id: id.into(),
+                tenant: tenant.into(),
+                user_id: user.into(),
+                route: "chat/completions".into(),
+                model: "m".into(),
+                status: 200,
+                prompt_name: prompt.map(Into::into),
+                prompt_version: prompt.map(|_| 2),
+                injected: r#"{"facts":1}"#.into(),
+                ..RequestLogEntry::default()
+            };
+            for r in [
+                row("a", "acme", "alice", Some("support")),
+                row("b", "acme", "bob", None),
+                row("c", "globex", "alice", Some("support")),
+            ] {
+                store.log_request(&r).await.unwrap();
+            }
+            let ids = |q: RequestLogQuery<'static>| {
+                let store = store.store.clone();
+                async move {
+                    let rows = store.request_log(&q).await.unwrap();
+                    rows.into_iter().map(|r| r.id).collect::<Vec<_>>()
+                }
+            };
+            let all = RequestLogQuery {
+                limit: 10,
+                ..RequestLogQuery::default()
+            };
+            assert_eq!(ids(all.clone()).await, ["c", "b", "a"]);
+            let acme = RequestLogQuery {
+                tenant: Some("acme"),
+                ..all.clone()
+            };
+            assert_eq!(ids(acme.clone()).await, ["b", "a"]);
+            let alice = RequestLogQuery {
+                user: Some("alice"),
+                ..acme
+            };
+            assert_eq!(ids(alice).await, ["a"]);
+            let support = RequestLogQuery {
+                prompt: Some("support"),
+                ..all
+            };
+            let rows = store.request_log(&support).await.unwrap();
+            assert_eq!(rows.len(), 2);
+            assert_eq!(rows[1].prompt_version, Some(2));
+            assert_eq!(rows[1].injected, r#"{"facts":1}"#);
+        }
+    }
+}
