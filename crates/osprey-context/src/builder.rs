@@ -71,6 +71,36 @@ pub struct Layers {
     pub history: Vec<Message>,
 }
 
+/// What the builder made of the layers.
+#[derive(Clone, Debug, Default)]
+pub struct Built {
+    /// One system message with the facts, the scratchpad and the summary, if any went in.
+    pub memory: Option<Message>,
+    /// The recent turns that went in, oldest first.
+    pub history: Vec<Message>,
+    /// What went in.
+    pub injected: Injected,
+}
+
+impl Built {
+    /// `messages` with the layers put in: after the leading system (or developer) messages,
+    /// the memory message, then the recent turns, then the rest.
+    pub fn splice<T: From<Message>>(
+        self,
+        messages: Vec<T>,
+        is_lead: impl Fn(&T) -> bool,
+    ) -> Vec<T> {
+        let lead = messages.iter().take_while(|m| is_lead(m)).count();
+        let mut out = Vec::with_capacity(messages.len() + self.history.len() + 1);
+        let mut messages = messages.into_iter();
+        out.extend(messages.by_ref().take(lead));
+        out.extend(self.memory.into_iter().map(T::from));
+        out.extend(self.history.into_iter().map(T::from));
+        out.extend(messages);
+        out
+    }
+}
+
 /// What the builder put in, per layer (the request log's `injected`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Injected {
@@ -113,12 +143,11 @@ impl<F: Fn(&str) -> usize> PromptBuilder<F> {
         Self { count, budgets }
     }
 
-    /// `messages` with `layers` put in, and what went in.
-    pub fn build(&self, messages: Vec<Message>, layers: Layers) -> (Vec<Message>, Injected) {
+    /// The messages `layers` become within their budgets, and what went in.
+    pub fn build(&self, layers: Layers) -> Built {
         let mut injected = Injected::default();
         let mut sections = Vec::new();
-        let facts = self.facts(&layers.facts, &mut injected);
-        sections.extend(facts);
+        sections.extend(self.facts(&layers.facts, &mut injected));
         if let Some((name, text)) = &layers.working {
             let head = format!("Notes for the current task ({name}):\n");
             if let Some(section) = self.cut(&head, text, self.budgets.working) {
@@ -135,22 +164,15 @@ impl<F: Fn(&str) -> usize> PromptBuilder<F> {
             }
         }
         let history = self.recent(layers.history, &mut injected);
-        let lead = messages
-            .iter()
-            .take_while(|m| matches!(m.role.as_str(), "system" | "developer"))
-            .count();
-        let mut out = Vec::with_capacity(messages.len() + history.len() + 1);
-        let mut messages = messages.into_iter();
-        out.extend(messages.by_ref().take(lead));
-        if !sections.is_empty() {
-            out.push(Message {
-                role: "system".into(),
-                content: sections.join("\n\n"),
-            });
+        let memory = (!sections.is_empty()).then(|| Message {
+            role: "system".into(),
+            content: sections.join("\n\n"),
+        });
+        Built {
+            memory,
+            history,
+            injected,
         }
-        out.extend(history);
-        out.extend(messages);
-        (out, injected)
     }
 
     fn facts(&self, facts: &[Fact], injected: &mut Injected) -> Option<String> {
@@ -294,7 +316,9 @@ mod tests {
             ],
         };
         let messages = vec![say("system", "be brief"), say("user", "and now?")];
-        let (out, injected) = builder.build(messages, layers);
+        let built = builder.build(layers);
+        let injected = built.injected.clone();
+        let out = built.splice(messages, |m| m.role == "system");
         let roles: Vec<&str> = out.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(
             roles,
@@ -321,8 +345,9 @@ mod tests {
     fn no_layers_leave_the_messages_as_they_were() {
         let builder = PromptBuilder::new(Budgets::default(), words);
         let messages = vec![say("user", "hi")];
-        let (out, injected) = builder.build(messages.clone(), Layers::default());
-        assert_eq!(out, messages);
+        let built = builder.build(Layers::default());
+        let injected = built.injected.clone();
+        assert_eq!(built.splice(messages.clone(), |_| true), messages);
         assert_eq!(injected, Injected::default());
         assert_eq!(serde_json::to_string(&injected).unwrap(), "{}");
     }
@@ -342,8 +367,9 @@ mod tests {
             history: vec![say("user", "old")],
         };
         let messages = vec![say("user", "hi")];
-        let (out, injected) = PromptBuilder::new(budgets, words).build(messages.clone(), layers);
-        assert_eq!(out, messages);
+        let built = PromptBuilder::new(budgets, words).build(layers);
+        let injected = built.injected.clone();
+        assert_eq!(built.splice(messages.clone(), |_| false), messages);
         assert_eq!(injected, Injected::default());
     }
 

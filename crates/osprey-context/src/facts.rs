@@ -20,7 +20,7 @@ static RULES: LazyLock<Vec<(Regex, &'static str)>> = LazyLock::new(|| {
         (r"^my name is\s+(.+)", "name is"),
         (r"^(?:please\s+)?call me\s+(.+)", "wants to be called"),
         (r"^i(?:'m| am) allergic to\s+(.+)", "is allergic to"),
-        (r"^i(?:'m| am) (?:a|an)\s+(.+)", "is a"),
+        (r"^i(?:'m| am) (a|an)\s+(.+)", "is"),
         (r"^i(?:'m| am) from\s+(.+)", "is from"),
         (r"^i (?:really )?prefer\s+(.+)", "prefers"),
         (r"^i (?:really )?(?:like|love|enjoy)\s+(.+)", "likes"),
@@ -144,6 +144,7 @@ mod tests {
                 "Hello, I'm a nurse and I live in Porto.",
                 vec!["is a nurse", "lives in Porto"],
             ),
+            ("I am an engineer", vec!["is an engineer"]),
             (
                 "Call me Sam! I work at a bakery",
                 vec!["wants to be called Sam", "works at a bakery"],

@@ -94,6 +94,12 @@ pub const GUARD_VERDICTS: &str = "osprey_guard_verdicts_total";
 pub const ABUSE_THROTTLED: &str = "osprey_abuse_throttled_total";
 /// Counter: lookups of the exact response cache, by result (`hit`, `miss`).
 pub const RESPONSE_CACHE: &str = "osprey_response_cache_total";
+/// Counter: request-log rows dropped (the queue full, or the store failing).
+pub const REQUEST_LOG_DROPPED: &str = "osprey_request_log_dropped_total";
+/// Counter: conversation summaries made, by result (`ok`, `failed`).
+pub const SUMMARIES: &str = "osprey_conversation_summaries_total";
+/// Counter: facts found in users' words and kept as episodic memory.
+pub const FACTS_EXTRACTED: &str = "osprey_memory_facts_extracted_total";
 /// Counter: repeats of an idempotent request given the first one's answer.
 pub const REPLAYED: &str = "osprey_requests_replayed_total";
 /// Counter: answers served from the recent answers, by why (`degraded`, `fallback`).

@@ -11,17 +11,23 @@
 //!   filter and not degraded by the load ladder, as the JSON of a non-streamed answer. A streamed answer is kept once its stream
 //!   ends with usage and `[DONE]`. A streamed request that hits gets the kept answer as a
 //!   stream: a chunk with each choice's text, its finish, the usage if asked, `[DONE]`.
+//! - **Whose**: an answer given with a user's memory or conversation in its prompt is that
+//!   user's: its key's scope names the user, and [`ResponseCache::forget`] drops every answer
+//!   of a user (deleting the user does).
 //! - **Seen**: `x-osprey-cache: hit` or `miss` on every cacheable answer, and
 //!   `osprey_response_cache_total{result}`.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
+use osprey_store::Owner;
 use redis::AsyncCommands;
 use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::replay::{Answers, CACHE, KEPT_FOR};
 
@@ -32,6 +38,8 @@ const REDIS_PREFIX: &str = "osprey:cache:";
 /// Where answers are kept.
 pub struct ResponseCache {
     memory: Answers,
+    /// The keys of each user's answers, in memory (in Redis, a set per user).
+    owned: Mutex<HashMap<(String, String), Vec<Key>>>,
     redis: Option<redis::Client>,
     conn: tokio::sync::Mutex<Option<redis::aio::ConnectionManager>>,
 }
@@ -86,6 +94,7 @@ impl ResponseCache {
     pub fn memory() -> Self {
         Self {
             memory: Answers::default(),
+            owned: Mutex::default(),
             redis: None,
             conn: tokio::sync::Mutex::new(None),
         }
@@ -123,6 +132,12 @@ impl ResponseCache {
         format!("{REDIS_PREFIX}{hex}")
     }
 
+    fn redis_owner_key(owner: &Owner) -> String {
+        let hash = Sha256::digest(format!("{}\u{0}{}", owner.tenant, owner.user));
+        let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("{REDIS_PREFIX}owner:{hex}")
+    }
+
     /// The kept answer (its JSON) for `key`.
     pub async fn get(&self, key: &Key) -> Option<Value> {
         let found = match &self.redis {
@@ -150,9 +165,12 @@ impl ResponseCache {
         found
     }
 
-    async fn put(&self, key: Key, answer: &Value) {
+    async fn put(&self, key: Key, answer: &Value, owner: Option<&Owner>) {
         if !keepable(answer) {
             return;
+        }
+        if let Some(owner) = owner {
+            self.own(key, owner).await;
         }
         let body = Bytes::from(serde_json::to_vec(answer).expect("JSON serialises"));
         match &self.redis {
@@ -177,8 +195,62 @@ impl ResponseCache {
         }
     }
 
-    /// `response` (the answer to a cacheable miss) marked `miss`, kept once it is complete.
-    pub async fn keep(self: &Arc<Self>, key: Key, response: Response) -> Response {
+    /// Notes that the answer under `key` is `owner`'s.
+    async fn own(&self, key: Key, owner: &Owner) {
+        if self.redis.is_none() {
+            let mut owned = self.owned.lock().expect("owned lock");
+            let keys = owned
+                .entry((owner.tenant.clone(), owner.user.clone()))
+                .or_default();
+            keys.retain(|k| self.memory.get(k).is_some());
+            keys.push(key);
+            return;
+        }
+        let Some(mut conn) = self.connection().await else {
+            return;
+        };
+        let set = Self::redis_owner_key(owner);
+        let ttl = KEPT_FOR.as_secs() as i64;
+        let mut pipe = redis::pipe();
+        pipe.sadd(&set, Self::redis_key(&key)).expire(&set, ttl);
+        let noted = pipe.query_async::<()>(&mut conn);
+        if let Ok(Err(e)) = tokio::time::timeout(REDIS_TIMEOUT, noted).await {
+            tracing::warn!(error = %e, "response cache owner not noted");
+        }
+    }
+
+    /// Drops every answer kept for `owner`; how many there were.
+    pub async fn forget(&self, owner: &Owner) -> redis::RedisResult<usize> {
+        if self.redis.is_none() {
+            let keys = (self.owned.lock().expect("owned lock"))
+                .remove(&(owner.tenant.clone(), owner.user.clone()))
+                .unwrap_or_default();
+            return Ok(keys.iter().filter(|k| self.memory.forget(k)).count());
+        }
+        let Some(mut conn) = self.connection().await else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "the response cache's Redis is unreachable",
+            )));
+        };
+        let set = Self::redis_owner_key(owner);
+        let keys: Vec<String> = conn.smembers(&set).await?;
+        let mut dropped = 0;
+        for key in &keys {
+            dropped += conn.del::<_, usize>(key).await?;
+        }
+        conn.del::<_, ()>(&set).await?;
+        Ok(dropped)
+    }
+
+    /// `response` (the answer to a cacheable miss) marked `miss`, kept once it is complete,
+    /// as `owner`'s if it is a user's.
+    pub async fn keep(
+        self: &Arc<Self>,
+        key: Key,
+        response: Response,
+        owner: Option<Owner>,
+    ) -> Response {
         let mut response = response;
         response
             .headers_mut()
@@ -187,19 +259,24 @@ impl ResponseCache {
             return response;
         }
         if crate::sse_tap::is_stream(&response) {
-            return self.keep_stream(key, response);
+            return self.keep_stream(key, response, owner);
         }
         let answer = match crate::replay::Answer::read(response).await {
             Ok(a) => a,
             Err(r) => return r,
         };
         if let Some(json) = answer.json() {
-            self.put(key, &json).await;
+            self.put(key, &json, owner.as_ref()).await;
         }
         answer.response()
     }
 
-    fn keep_stream(self: &Arc<Self>, key: Key, response: Response) -> Response {
+    fn keep_stream(
+        self: &Arc<Self>,
+        key: Key,
+        response: Response,
+        owner: Option<Owner>,
+    ) -> Response {
         let this = self.clone();
         let mut assembled = Assembled::default();
         crate::sse_tap::tap(response, move |data| {
@@ -209,10 +286,10 @@ impl ResponseCache {
                 }
                 return Box::pin(std::future::ready(data));
             }
-            let (this, answer) = (this.clone(), assembled.answer());
+            let (this, answer, owner) = (this.clone(), assembled.answer(), owner.clone());
             Box::pin(async move {
                 if let Some(answer) = answer {
-                    this.put(key, &answer).await;
+                    this.put(key, &answer, owner.as_ref()).await;
                 }
                 data
             })

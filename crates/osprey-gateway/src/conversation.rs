@@ -1,34 +1,40 @@
-//! A chat request that names a conversation (`"osprey": {"conversation": ID}`) is answered
-//! with the conversation's history in its prompt, and its turn is kept.
+//! Session memory: a chat request that names a conversation (`"osprey": {"conversation":
+//! ID}`) is answered with the conversation's recent turns in its prompt, and its turn is kept.
 //!
-//! - **In**: the request's leading system (or developer) messages stay first; then as much of
-//!   the history as fits `osprey.history_tokens` (default [`HISTORY_TOKENS`]), newest kept,
-//!   whole messages only; then the request's own messages. Tokens are counted with the local
-//!   model's tokenizer, or as a quarter of the characters when no model is local.
-//! - **Out**: once the answer is complete, the request's own messages and the answer (choice
-//!   0) are appended in one transaction, before the client sees the end of it: the response
-//!   of a non-streamed request, or the `[DONE]` of a stream, comes after the write. A failed
-//!   answer, or a stream that ends without `[DONE]`, appends nothing. If the append fails,
-//!   a non-streamed request fails with the store's error; a stream ends with an error event
-//!   instead of `[DONE]`.
+//! - **In** ([`session`]): the turns no summary covers yet. While they fit the history budget
+//!   they all go in. Past it, the older ones are folded into the conversation's summary (by
+//!   the smallest tier, [`crate::summarize`]), keeping verbatim only the newest turns that fit
+//!   half the budget, so a summary is made once per half a budget of conversation, and the
+//!   summary goes in too (within its own budget). With `summary_tokens: 0` nothing is folded:
+//!   the newest turns that fit go in and older ones are left out. The prompt builder
+//!   ([`crate::context`]) puts them in place.
+//! - **Out** ([`Turn`]): once the answer is complete, the request's own messages and the
+//!   answer (choice 0) are appended in one transaction, before the client sees the end of it:
+//!   the response of a non-streamed request, or the `[DONE]` of a stream, comes after the
+//!   write. A failed answer, or a stream that ends without `[DONE]`, appends nothing. If the
+//!   append fails, a non-streamed request fails with the store's error; a stream ends with an
+//!   error event instead of `[DONE]`.
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
-use osprey_core::{Error, ErrorKind};
-use osprey_store::{ItemPage, NewItem, Owner, Store};
+use osprey_context::builder::{Budgets, HistoryPlan, plan_history};
+use osprey_context::prompt::Message;
+use osprey_core::Error;
+use osprey_store::{ItemPage, ItemRecord, NewItem, Owner, Store, SummaryRecord};
 use serde_json::Value;
 
+use crate::context::count_tokens;
 use crate::edge::Caller;
 use crate::error::{ApiError, store_error};
-use crate::routes::conversations::message_text;
 use crate::state::AppState;
 
-/// History tokens put in the prompt when the request does not say.
-pub const HISTORY_TOKENS: usize = 2048;
-/// Items read from the store per page while filling the budget.
+/// Items read from the store per page.
 const PAGE: i64 = 100;
+/// Tokens of older turns read beyond the history budget to fold into a summary at once: about
+/// what the summarising model reads well. Older turns than these, never summarised (a
+/// conversation held with summaries off), are left out of the summary.
+const FOLD_WINDOW: usize = 1536;
 
 /// A turn of a conversation in progress: what to append once the answer is in.
 pub struct Turn {
@@ -38,89 +44,97 @@ pub struct Turn {
     asked: Vec<NewItem>,
 }
 
-/// The conversation a chat body names, if any.
-pub fn named(body: &[u8]) -> Option<String> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    v["osprey"]["conversation"].as_str().map(str::to_owned)
+/// The session layers of a conversation.
+pub struct Session {
+    /// The summary of its older turns.
+    pub summary: Option<String>,
+    /// Its turns no summary covers, oldest first (the builder keeps the newest that fit).
+    pub history: Vec<Message>,
 }
 
-/// The body with the history of its conversation in its messages, and the turn to keep.
-pub async fn prepare(
+/// The session layers of conversation `id` of `owner` within `budgets`, folding older turns
+/// into its summary when they no longer fit (see the module docs).
+pub async fn session(
     state: &AppState,
     caller: &Caller,
-    body: &Bytes,
-    id: String,
-) -> Result<(Bytes, Turn), Error> {
-    let store = (state.store().cloned()).ok_or_else(|| {
-        Error::new(
-            ErrorKind::Unavailable,
-            "This server has no store for conversations.",
-        )
-    })?;
-    let mut v: Value = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid("body", format!("Invalid request body: {e}")))?;
-    let owner = caller.owner(v["user"].as_str());
-    let budget = match &v["osprey"]["history_tokens"] {
-        Value::Null => HISTORY_TOKENS,
-        n => n.as_u64().map(|n| n as usize).ok_or_else(|| {
-            Error::invalid(
-                "osprey.history_tokens",
-                "history_tokens must be a non-negative integer",
-            )
-        })?,
+    model: &str,
+    store: &Store,
+    owner: &Owner,
+    id: &str,
+    budgets: &Budgets,
+) -> Result<Session, Error> {
+    let summary = (store.summary(owner, id).await).map_err(store_error)?;
+    let since = summary.as_ref().map_or(0, |s| s.through_seq);
+    let window = match budgets.summary {
+        0 => budgets.history,
+        _ => budgets.history + FOLD_WINDOW,
     };
-    let Some(messages) = v["messages"].as_array() else {
-        return Err(Error::invalid("messages", "messages must be a list"));
-    };
-    let lead = messages
-        .iter()
-        .take_while(|m| matches!(m["role"].as_str(), Some("system" | "developer")))
-        .count();
-    let asked = messages[lead..]
-        .iter()
-        .map(|m| NewItem {
-            role: m["role"].as_str().unwrap_or("user").to_owned(),
-            content: message_text(&m["content"]).unwrap_or_default(),
-        })
+    let items = unsummarised(state, store, owner, id, since, window).await?;
+    let costs: Vec<usize> = (items.iter())
+        .map(|i| count_tokens(state, &i.content) + osprey_context::builder::MESSAGE_OVERHEAD)
         .collect();
-    let history = history(state, &store, &owner, &id, budget).await?;
-    let mut assembled: Vec<Value> = messages[..lead].to_vec();
-    assembled.extend(
-        history
-            .into_iter()
-            .map(|(role, content)| serde_json::json!({"role": role, "content": content})),
-    );
-    assembled.extend_from_slice(&messages[lead..]);
-    v["messages"] = Value::Array(assembled);
-    // Done here: a worker or upstream behind this gateway gets plain messages.
-    if let Some(osprey) = v["osprey"].as_object_mut() {
-        osprey.remove("conversation");
-        osprey.remove("history_tokens");
+    let message = |i: &ItemRecord| Message {
+        role: i.role.clone(),
+        content: i.content.clone(),
+    };
+    // Nothing is folded without room for a summary, nor with no history wanted (each request
+    // would fold).
+    let folding = budgets.summary > 0 && budgets.history > 0;
+    let fold = match plan_history(&costs, budgets.history) {
+        HistoryPlan::Fold { fold } if folding => fold,
+        _ => 0,
+    };
+    let mut summary = summary.map(|s| s.content);
+    if fold > 0 {
+        let folded: Vec<Message> = items[..fold].iter().map(message).collect();
+        match crate::summarize::summarize(
+            state,
+            caller,
+            model,
+            summary.as_deref(),
+            &folded,
+            budgets.summary,
+        )
+        .await
+        {
+            Ok(text) => {
+                metrics::counter!(osprey_core::metrics::SUMMARIES, "result" => "ok").increment(1);
+                let record = SummaryRecord {
+                    through_seq: items[fold - 1].seq,
+                    content: text.clone(),
+                };
+                (store.set_summary(owner, id, &record).await).map_err(store_error)?;
+                summary = Some(text);
+                return Ok(Session {
+                    summary,
+                    history: items[fold..].iter().map(message).collect(),
+                });
+            }
+            // Without a new summary the old one stays, and the builder keeps the newest turns
+            // that fit.
+            Err(e) => {
+                metrics::counter!(osprey_core::metrics::SUMMARIES, "result" => "failed")
+                    .increment(1);
+                tracing::warn!(error = %e.message, conversation = id, "summary failed");
+            }
+        }
     }
-    let body = serde_json::to_vec(&v).expect("JSON serialises").into();
-    Ok((
-        body,
-        Turn {
-            store,
-            owner,
-            id,
-            asked,
-        },
-    ))
+    Ok(Session {
+        summary,
+        history: items.iter().map(message).collect(),
+    })
 }
 
-/// The newest messages of the conversation that fit `budget` tokens, oldest first.
-async fn history(
+/// The newest items of conversation `id` after `since`, up to `window` tokens' worth (and
+/// the one that crosses it), oldest first.
+async fn unsummarised(
     state: &AppState,
     store: &Store,
     owner: &Owner,
     id: &str,
-    budget: usize,
-) -> Result<Vec<(String, String)>, Error> {
-    let count = |text: &str| match state.engine() {
-        Some(engine) => engine.prompter().tokenizer().encode(text, false).len(),
-        None => text.chars().count().div_ceil(4),
-    };
+    since: i64,
+    window: usize,
+) -> Result<Vec<ItemRecord>, Error> {
     let (mut kept, mut used, mut after) = (Vec::new(), 0, None::<String>);
     'pages: loop {
         let page = ItemPage {
@@ -130,12 +144,11 @@ async fn history(
         };
         let items = (store.items(owner, id, page).await).map_err(store_error)?;
         for item in &items {
-            // A few tokens more per message for the template's role markers.
-            used += count(&item.content) + 4;
-            if used > budget {
+            if item.seq <= since || used > window {
                 break 'pages;
             }
-            kept.push((item.role.clone(), item.content.clone()));
+            used += count_tokens(state, &item.content);
+            kept.push(item.clone());
         }
         match items.last() {
             Some(last) if items.len() as i64 == PAGE => after = Some(last.id.clone()),
@@ -147,6 +160,19 @@ async fn history(
 }
 
 impl Turn {
+    /// The turn of `asked` (the request's own messages) in conversation `id` of `owner`.
+    pub fn new(store: Store, owner: Owner, id: String, asked: &[Message]) -> Self {
+        let asked = (asked.iter())
+            .map(|m| NewItem::new(&m.role, &m.content))
+            .collect();
+        Self {
+            store,
+            owner,
+            id,
+            asked,
+        }
+    }
+
     /// `response` with the turn appended once it is complete (see the module docs).
     pub async fn keep(self, response: Response) -> Response {
         if !response.status().is_success() {

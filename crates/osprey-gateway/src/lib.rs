@@ -19,6 +19,11 @@
 //! - [`degrade`]: the degradation ladder, driven by the load at the edge;
 //! - [`replay`]: idempotent requests answered once, and the recent answers the ladder and
 //!   fallback chains serve when generating is not an option;
+//! - [`context`]: a chat request's user context put in by the prompt builder: facts, a
+//!   scratchpad, and a conversation's summary and recent turns ([`conversation`],
+//!   [`summarize`]), each within its budget;
+//! - [`request_log`]: one row per generation request in the store, written off the request's
+//!   path;
 //! - [`safety`]: each tenant's safety policy ([`osprey_policy`]) screening generation input,
 //!   and `POST /v1/moderations`;
 //! - [`metrics`]: Prometheus export and request histograms.
@@ -38,6 +43,7 @@ pub mod auth;
 pub mod body;
 pub mod cache;
 pub mod config;
+pub mod context;
 pub mod conversation;
 pub mod degrade;
 pub mod edge;
@@ -48,10 +54,12 @@ pub mod limits;
 pub mod metrics;
 pub mod prompts;
 pub mod replay;
+pub mod request_log;
 pub mod routes;
 pub mod safety;
 pub mod sse_tap;
 pub mod state;
+pub mod summarize;
 pub mod upstream;
 pub mod workers;
 

@@ -30,6 +30,11 @@ pub struct Applied {
 }
 
 impl Applied {
+    /// The prompt's name and version.
+    pub fn version(&self) -> (String, i64) {
+        (self.name.clone(), self.version)
+    }
+
     /// Marks `response` with the version.
     pub fn mark(&self, response: &mut Response) {
         if let Ok(v) = HeaderValue::from_str(&format!("{}@{}", self.name, self.version)) {

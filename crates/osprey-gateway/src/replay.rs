@@ -208,6 +208,16 @@ impl Answers {
         }
     }
 
+    /// Drops the answer kept under `key`; whether there was one.
+    pub fn forget(&self, key: &Key) -> bool {
+        let mut entries = self.entries.lock().expect("answers lock");
+        let kept = matches!(entries.get(key), Some(Entry::Kept { .. }));
+        if kept {
+            entries.remove(key);
+        }
+        kept
+    }
+
     /// Keeps `response` under `key` if it is a success, and gives it back.
     pub async fn keep(&self, key: Key, response: Response) -> Response {
         if !response.status().is_success() {

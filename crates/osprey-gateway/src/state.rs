@@ -43,6 +43,8 @@ struct Inner {
     /// The exact response cache (off on workers: their gateway caches).
     response_cache: Option<Arc<crate::cache::ResponseCache>>,
     store: Option<Store>,
+    /// The request log's writer, started on first use (it needs the runtime).
+    request_log: OnceLock<crate::request_log::RequestLog>,
     batch_added: Notify,
     edge: Arc<Edge>,
     created: u64,
@@ -95,6 +97,7 @@ impl AppState {
                 flags: crate::flags::Flags::new(),
                 response_cache: Some(Arc::new(crate::cache::ResponseCache::memory())),
                 store: None,
+                request_log: OnceLock::new(),
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
                 created: unix_now(),
@@ -135,6 +138,15 @@ impl AppState {
     /// The store of batches and files, if any.
     pub fn store(&self) -> Option<&Store> {
         self.inner.store.as_ref()
+    }
+
+    /// Where generation requests are logged: the store's request log, if there is a store.
+    pub fn request_log(&self) -> Option<&crate::request_log::RequestLog> {
+        let store = self.inner.store.as_ref()?;
+        Some(
+            (self.inner.request_log)
+                .get_or_init(|| crate::request_log::RequestLog::spawn(store.clone())),
+        )
     }
 
     /// Wakes the batch runner: a batch was created.

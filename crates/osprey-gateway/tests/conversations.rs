@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::As;
+
 use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::EdgeConfig;
@@ -22,51 +24,6 @@ async fn gateway(store: Store) -> String {
     let state = AppState::with_models(Some(MODEL.into()), vec![], edge).with_store(store);
     state.set_engine(osprey_testkit::shared_engine());
     common::serve(state).await
-}
-
-/// A caller: a key and a user.
-struct As<'a> {
-    base: &'a str,
-    key: &'a str,
-    user: &'a str,
-}
-
-impl As<'_> {
-    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut req = reqwest::Client::new()
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(self.key)
-            .header("x-osprey-user", self.user);
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        let r = req.send().await.unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn get(&self, path: &str) -> (u16, Value) {
-        self.send(reqwest::Method::GET, path, None).await
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        self.send(reqwest::Method::POST, path, Some(body)).await
-    }
-
-    async fn delete(&self, path: &str) -> (u16, Value) {
-        self.send(reqwest::Method::DELETE, path, None).await
-    }
-
-    /// The texts of a conversation's items, oldest first.
-    async fn texts(&self, id: &str) -> Vec<String> {
-        let (status, list) = self
-            .get(&format!("/v1/conversations/{id}/items?order=asc&limit=100"))
-            .await;
-        assert_eq!(status, 200, "{list}");
-        (list["data"].as_array().unwrap().iter())
-            .map(|i| i["content"][0]["text"].as_str().unwrap().to_owned())
-            .collect()
-    }
 }
 
 #[tokio::test]

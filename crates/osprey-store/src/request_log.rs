@@ -52,28 +52,42 @@ pub struct RequestLogQuery<'a> {
 const COLUMNS: &str = "id, tenant, user_id, route, model, status, prompt_name, prompt_version, \
                        conversation_id, injected, cache, latency_ms, created_at";
 
+async fn insert(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    entry: &RequestLogEntry,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO request_log ({COLUMNS}) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+    )))
+    .bind(&entry.id)
+    .bind(&entry.tenant)
+    .bind(&entry.user_id)
+    .bind(&entry.route)
+    .bind(&entry.model)
+    .bind(entry.status)
+    .bind(&entry.prompt_name)
+    .bind(entry.prompt_version)
+    .bind(&entry.conversation_id)
+    .bind(&entry.injected)
+    .bind(&entry.cache)
+    .bind(entry.latency_ms)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 impl Store {
-    /// Appends `entry` (its `created_at` set to now).
-    pub async fn log_request(&self, entry: &RequestLogEntry) -> Result<()> {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO request_log ({COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
-        )))
-        .bind(&entry.id)
-        .bind(&entry.tenant)
-        .bind(&entry.user_id)
-        .bind(&entry.route)
-        .bind(&entry.model)
-        .bind(entry.status)
-        .bind(&entry.prompt_name)
-        .bind(entry.prompt_version)
-        .bind(&entry.conversation_id)
-        .bind(&entry.injected)
-        .bind(&entry.cache)
-        .bind(entry.latency_ms)
-        .bind(now_ms())
-        .execute(&self.pool)
-        .await?;
+    /// Appends `entries` (their `created_at` set to now), in one transaction.
+    pub async fn log_requests(&self, entries: &[RequestLogEntry]) -> Result<()> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        for entry in entries {
+            insert(&mut tx, entry, now).await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -112,13 +126,12 @@ mod tests {
                 injected: r#"{"facts":1}"#.into(),
                 ..RequestLogEntry::default()
             };
-            for r in [
+            let rows = [
                 row("a", "acme", "alice", Some("support")),
                 row("b", "acme", "bob", None),
                 row("c", "globex", "alice", Some("support")),
-            ] {
-                store.log_request(&r).await.unwrap();
-            }
+            ];
+            store.log_requests(&rows).await.unwrap();
             let ids = |q: RequestLogQuery<'static>| {
                 let store = store.store.clone();
                 async move {

@@ -90,7 +90,7 @@ mod tests {
                     injected: "{}".into(),
                     ..RequestLogEntry::default()
                 };
-                store.log_request(&row).await.unwrap();
+                store.log_requests(&[row]).await.unwrap();
             }
             let deleted = store.delete_user(&alice).await.unwrap();
             let expected = UserDeleted {

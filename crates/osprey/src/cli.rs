@@ -34,6 +34,8 @@ pub enum Command {
     Prompts(crate::prompts::PromptsArgs),
     /// Per-tenant feature flags, read by servers at request time.
     Flags(crate::flags::FlagsArgs),
+    /// Forget a tenant's user: conversations, memory, request log, cached answers.
+    Users(crate::users::UsersArgs),
     /// Check a config file.
     #[command(subcommand)]
     Config(ConfigCommand),

@@ -9,6 +9,7 @@ mod keys;
 mod models;
 mod prompts;
 mod serve;
+mod users;
 mod worker;
 
 use clap::{CommandFactory, FromArgMatches};
@@ -48,6 +49,7 @@ fn run() -> anyhow::Result<()> {
         cli::Command::Keys(args) => keys::run(args),
         cli::Command::Prompts(args) => prompts::run(args),
         cli::Command::Flags(args) => flags::run(args),
+        cli::Command::Users(args) => users::run(args),
         cli::Command::Config(cli::ConfigCommand::Check { file }) => config::check(&file),
     }
 }

@@ -2,8 +2,8 @@
 //! `DELETE /admin/keys/{id}` (revocation, seen by every replica), and `GET /admin/audit`
 //! (`?tenant=NAME&limit=N`): the safety audit log, newest first; per-tenant feature flags:
 //! `GET /admin/flags` (`?tenant=NAME`), `PUT /admin/flags/{tenant}/{flag}` with `{"value":
-//! ...}` and `DELETE /admin/flags/{tenant}/{flag}`; and the prompt registry's routes
-//! (`admin_prompts.rs`).
+//! ...}` and `DELETE /admin/flags/{tenant}/{flag}`; the prompt registry's routes
+//! (`admin_prompts.rs`); and users and the request log (`admin_users.rs`).
 
 use axum::Json;
 use axum::Router;
@@ -31,6 +31,7 @@ pub fn router(state: AppState) -> Router<AppState> {
             put(set_flag).delete(unset_flag),
         )
         .merge(super::admin_prompts::routes())
+        .merge(super::admin_users::routes())
         .route_layer(axum::middleware::from_fn_with_state(state, admin_only))
 }
 

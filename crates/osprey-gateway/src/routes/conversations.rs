@@ -44,7 +44,7 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
-fn store(state: &AppState) -> Result<&Store, Error> {
+pub(crate) fn store(state: &AppState) -> Result<&Store, Error> {
     state.store().ok_or_else(|| {
         Error::new(
             ErrorKind::Unavailable,
@@ -206,7 +206,7 @@ async fn delete_item(
 }
 
 /// A JSON body, or a 400 naming what is wrong with it.
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
     serde_json::from_slice(body)
         .map_err(|e| Error::invalid("body", format!("Invalid request body: {e}")))
 }

@@ -2,6 +2,7 @@
 
 mod admin;
 mod admin_prompts;
+mod admin_users;
 pub use admin_prompts::valid_name as valid_prompt_name;
 pub mod auto;
 pub mod batches;
@@ -9,6 +10,7 @@ mod chat;
 mod completions;
 pub mod conversations;
 mod health;
+mod memory;
 mod models;
 mod moderations;
 mod worker;
@@ -79,9 +81,13 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             state.clone(),
             crate::edge::authenticate,
         ));
-    let files = (batches::routes().merge(conversations::routes())).route_layer(
-        axum::middleware::from_fn_with_state(state.clone(), crate::edge::authenticate),
-    );
+    let files = (batches::routes())
+        .merge(conversations::routes())
+        .merge(memory::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::edge::authenticate,
+        ));
     let routes = Router::new()
         .merge(generation)
         .merge(listing)
@@ -134,13 +140,12 @@ async fn generate<R: Routed>(
     let mut admitted = admitted.map_or_else(|| state.edge().unguarded(), |a| a.0);
     let tenant = admitted.caller.tenant.clone();
     let level = degrade::level_for(state.degradation().level(), tenant.premium);
-    let conversation = (path == CHAT_PATH)
-        .then(|| crate::conversation::named(&body))
-        .flatten();
+    let flags = state.flags(&tenant.name).await;
     let prompt = path == CHAT_PATH && crate::prompts::named(&body);
-    // An answer given with a conversation's history, or a label's prompt version, is not an
-    // answer to the body alone.
-    let recent = (!replay::is_streamed(&body) && conversation.is_none() && !prompt)
+    let contextual = path == CHAT_PATH && crate::context::wanted(&body, &flags);
+    // An answer given with a user's context, or a label's prompt version, is not an answer to
+    // the body alone.
+    let recent = (!replay::is_streamed(&body) && !contextual && !prompt)
         .then(|| replay::key(&tenant.cache_salt, path, "", &body));
     let cached = |why: &'static str| {
         let answer = state.recent().get(recent.as_ref()?)?;
@@ -149,7 +154,6 @@ async fn generate<R: Routed>(
         response.headers_mut().remove(DEGRADED);
         Some(response)
     };
-    let flags = state.flags(&tenant.name).await;
     let (mut body, guarded) = match state.policies() {
         Some(p) => {
             let flagged = crate::flags::policy(&flags).filter(|name| p.has(name));
@@ -170,17 +174,23 @@ async fn generate<R: Routed>(
         }
         false => None,
     };
-    let turn = match conversation {
-        Some(id) => {
-            let (assembled, turn) =
-                crate::conversation::prepare(&state, &admitted.caller, &body, id).await?;
-            body = assembled;
-            Some(turn)
+    let mut prepared = match contextual {
+        true => {
+            let prepared = crate::context::prepare(&state, &admitted.caller, &flags, &body).await?;
+            body = prepared.body.clone();
+            Some(prepared)
         }
-        None => None,
+        false => None,
     };
-    let cache_key =
-        (state.response_cache()).and_then(|_| crate::cache::key(&tenant.cache_salt, path, &body));
+    // A user's context makes the answer theirs: cached in their scope, and forgotten with them.
+    let owner = (prepared.as_ref())
+        .filter(|p| p.is_personal())
+        .map(|p| p.owner.clone());
+    let scope = match &owner {
+        Some(o) => format!("{}\u{0}user\u{0}{}", tenant.cache_salt, o.user),
+        None => tenant.cache_salt.clone(),
+    };
+    let cache_key = (state.response_cache()).and_then(|_| crate::cache::key(&scope, path, &body));
     let hit = match (state.response_cache(), &cache_key) {
         (Some(cache), Some(key)) => cache.get(key).await,
         _ => None,
@@ -262,16 +272,25 @@ async fn generate<R: Routed>(
         }
         // A degraded answer (capped, a smaller tier) is not the answer to the request as asked.
         match (state.response_cache(), cache_key) {
-            (Some(cache), Some(key)) if level == 0 => cache.keep(key, response).await,
+            (Some(cache), Some(key)) if level == 0 => cache.keep(key, response, owner).await,
             _ => response,
         }
     };
-    if let Some(turn) = turn {
-        response = turn.keep(response).await;
+    let mut noted = crate::request_log::Noted::default();
+    if let Some(prepared) = prepared.as_mut() {
+        if let Some(turn) = prepared.turn.take() {
+            response = turn.keep(response).await;
+        }
+        prepared.mark(&mut response);
+        noted.conversation = prepared.conversation.clone();
+        noted.user = Some(prepared.owner.user.clone());
+        noted.injected = std::mem::take(&mut prepared.injected);
     }
     if let Some(applied) = &applied {
         applied.mark(&mut response);
+        noted.prompt = Some(applied.version());
     }
+    response.extensions_mut().insert(noted);
     Ok(match recent {
         Some(key) => state.recent().keep(key, response).await,
         None => response,
@@ -454,6 +473,8 @@ pub(crate) async fn generate_for(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Response {
+    let started = std::time::Instant::now();
+    let (caller, model) = (admitted.caller.clone(), admitted.model.clone());
     let scope = admitted.caller.tenant.cache_salt.clone();
     let key = replay::idempotency_key(headers, &scope, endpoint, &body);
     let admitted = Some(admitted);
@@ -483,10 +504,57 @@ pub(crate) async fn generate_for(
         };
         answer.into_response()
     };
-    match key {
+    let mut response = match key {
         Some(key) => state.replays().once(key, answer).await,
         None => answer.await,
+    };
+    if let Some(log) = state.request_log() {
+        let model = model.as_deref().unwrap_or_default();
+        let entry = crate::request_log::entry(&caller, endpoint, model, started, &mut response);
+        log.record(entry);
     }
+    response
+}
+
+/// Asks for a chat completion on behalf of `caller` outside a client's request (a summary, a
+/// step of the gateway's own): the text of its answer. `body` names the model; the request
+/// goes where that model is served, unscreened and uncounted by the edge.
+pub(crate) async fn complete_chat(
+    state: &AppState,
+    caller: &Caller,
+    body: serde_json::Value,
+) -> Result<String, osprey_core::Error> {
+    let admitted = Admitted {
+        caller: caller.clone(),
+        model: body["model"].as_str().map(str::to_owned),
+        usage: Arc::default(),
+    };
+    let body = Bytes::from(serde_json::to_vec(&body).expect("JSON serialises"));
+    let response = dispatch(
+        state.clone(),
+        admitted,
+        body,
+        CHAT_PATH,
+        chat::chat_completions,
+    )
+    .await
+    .map_err(|e| e.0)?;
+    let status = response.status();
+    let answer = match replay::Answer::read(response).await {
+        Ok(answer) => answer.json(),
+        Err(_) => None,
+    };
+    let answer = answer.unwrap_or_default();
+    if !status.is_success() {
+        let why = answer["error"]["message"].as_str().unwrap_or("failed");
+        return Err(osprey_core::Error::new(
+            osprey_core::ErrorKind::BadGateway,
+            format!("the gateway's own request failed ({status}): {why}"),
+        ));
+    }
+    Ok((answer["choices"][0]["message"]["content"].as_str())
+        .unwrap_or_default()
+        .to_owned())
 }
 
 async fn chat_completions(

@@ -311,3 +311,53 @@ pub async fn admin(
     }
     req.send().await.unwrap()
 }
+
+/// A caller: a key and a user.
+pub struct As<'a> {
+    pub base: &'a str,
+    pub key: &'a str,
+    pub user: &'a str,
+}
+
+impl As<'_> {
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = reqwest::Client::new()
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(self.key)
+            .header("x-osprey-user", self.user);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.send(reqwest::Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.send(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.send(reqwest::Method::DELETE, path, None).await
+    }
+
+    /// The texts of a conversation's items, oldest first.
+    pub async fn texts(&self, id: &str) -> Vec<String> {
+        let (status, list) = self
+            .get(&format!("/v1/conversations/{id}/items?order=asc&limit=100"))
+            .await;
+        assert_eq!(status, 200, "{list}");
+        (list["data"].as_array().unwrap().iter())
+            .map(|i| i["content"][0]["text"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
