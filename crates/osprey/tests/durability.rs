@@ -1,10 +1,15 @@
-//! `kill -9` under load: a real `osprey serve` process takes conversation writes from
-//! concurrent clients and is killed with SIGKILL mid-stream; after a restart on the same store,
-//! every write it acknowledged is there. On SQLite, and on Postgres when
-//! `OSPREY_TEST_POSTGRES_URL` is set.
+//! Durability under load: a real `osprey serve` process takes conversation writes from
+//! concurrent clients and
+//! - is killed with SIGKILL mid-stream; after a restart on the same store, every write it
+//!   acknowledged is there. On SQLite, and on Postgres when `OSPREY_TEST_POSTGRES_URL` is set;
+//! - loses its Postgres mid-stream (a private cluster of the test's own, stopped in `immediate`
+//!   mode, as a crash would, then started again): writes fail with 503 while it is down,
+//!   succeed again once it is back without restarting Osprey, and every write acknowledged
+//!   before, during or after is there.
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -86,17 +91,29 @@ async fn texts(base: &str, id: &str) -> Vec<String> {
     }
 }
 
-/// Writers append to one conversation and create new ones until the server dies; returns what
-/// was acknowledged: the texts appended and the conversations created.
-async fn write_until_killed(server: &mut Server, id: &str) -> (BTreeSet<String>, BTreeSet<String>) {
-    let appended = Arc::new(Mutex::new(BTreeSet::new()));
-    let created = Arc::new(Mutex::new(BTreeSet::new()));
+/// What writers had acknowledged: the texts appended and the conversations created.
+#[derive(Default)]
+struct Acknowledged {
+    appended: BTreeSet<String>,
+    created: BTreeSet<String>,
+    /// Writes refused (not acknowledged), by status.
+    refused: Vec<u16>,
+}
+
+/// Six writers append to conversation `id` and create new ones while `during` runs, then
+/// stop; a writer also stops when the server is gone. Returns what was acknowledged.
+async fn write_while(base: &str, id: &str, during: impl Future<Output = ()>) -> Acknowledged {
+    let acked = Arc::new(Mutex::new(Acknowledged::default()));
+    let stop = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
     for w in 0..6 {
-        let (base, id) = (server.base.clone(), id.to_owned());
-        let (appended, created) = (appended.clone(), created.clone());
+        let (base, id) = (base.to_owned(), id.to_owned());
+        let (acked, stop) = (acked.clone(), stop.clone());
         writers.push(tokio::spawn(async move {
             for n in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
                 let text = format!("w{w}-{n}");
                 let body = json!({"items": [{"role": "user", "content": text}]});
                 let r = match n % 4 {
@@ -107,34 +124,48 @@ async fn write_until_killed(server: &mut Server, id: &str) -> (BTreeSet<String>,
                     return; // the server is gone
                 };
                 if !r.status().is_success() {
+                    acked.lock().unwrap().refused.push(r.status().as_u16());
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
                 let Ok(v) = r.json::<Value>().await else {
                     return;
                 };
+                let mut acked = acked.lock().unwrap();
                 match n % 4 {
-                    0 => created
-                        .lock()
-                        .unwrap()
-                        .insert(v["id"].as_str().unwrap().to_owned()),
-                    _ => appended.lock().unwrap().insert(text),
+                    0 => acked.created.insert(v["id"].as_str().unwrap().to_owned()),
+                    _ => acked.appended.insert(text),
                 };
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    server.kill();
+    during.await;
+    stop.store(true, Ordering::Relaxed);
     for w in writers {
         let _ = w.await;
     }
-    let appended = appended.lock().unwrap().clone();
-    let created = created.lock().unwrap().clone();
-    (appended, created)
+    std::mem::take(&mut *acked.lock().unwrap())
 }
 
-async fn every_acknowledged_write_survives(store: &str) {
-    let mut server = Server::start(store).await;
-    let c: Value = (client().post(format!("{}/v1/conversations", server.base)))
+/// Checks that every write in `acked` is kept by the server at `base`.
+async fn all_kept(base: &str, id: &str, acked: &Acknowledged) -> usize {
+    let kept: BTreeSet<String> = texts(base, id).await.into_iter().collect();
+    let lost: Vec<&String> = acked.appended.difference(&kept).collect();
+    assert!(lost.is_empty(), "acknowledged appends lost: {lost:?}");
+    for conv in &acked.created {
+        let r = (client().get(format!("{base}/v1/conversations/{conv}")))
+            .header("x-osprey-user", "w")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "acknowledged conversation {conv} lost");
+    }
+    kept.len()
+}
+
+/// A new conversation of the writers' user; its id.
+async fn conversation(base: &str) -> String {
+    let c: Value = (client().post(format!("{base}/v1/conversations")))
         .header("x-osprey-user", "w")
         .json(&json!({}))
         .send()
@@ -143,35 +174,30 @@ async fn every_acknowledged_write_survives(store: &str) {
         .json()
         .await
         .unwrap();
-    let id = c["id"].as_str().unwrap().to_owned();
-    let (appended, created) = write_until_killed(&mut server, &id).await;
-    assert!(
-        appended.len() > 20,
-        "the writers got going: {}",
-        appended.len()
-    );
+    c["id"].as_str().unwrap().to_owned()
+}
 
-    let server = Server::start(store).await;
-    let kept: BTreeSet<String> = texts(&server.base, &id).await.into_iter().collect();
-    let lost: Vec<&String> = appended.difference(&kept).collect();
+async fn every_acknowledged_write_survives(store: &str) {
+    let mut server = Server::start(store).await;
+    let id = conversation(&server.base).await;
+    let base = server.base.clone();
+    let acked = write_while(&base, &id, async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        server.kill();
+    })
+    .await;
     assert!(
-        lost.is_empty(),
-        "acknowledged appends lost after SIGKILL: {lost:?}"
+        acked.appended.len() > 20,
+        "the writers got going: {}",
+        acked.appended.len()
     );
-    for conv in &created {
-        let r = (client().get(format!("{}/v1/conversations/{conv}", server.base)))
-            .header("x-osprey-user", "w")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "acknowledged conversation {conv} lost");
-    }
+    let server = Server::start(store).await;
+    let kept = all_kept(&server.base, &id, &acked).await;
     eprintln!(
         "{store}: {} appends and {} conversations acknowledged before SIGKILL, all there after \
-         restart ({} items kept: writes in flight at the kill may land without an answer)",
-        appended.len(),
-        created.len(),
-        kept.len()
+         restart ({kept} items kept: writes in flight at the kill may land without an answer)",
+        acked.appended.len(),
+        acked.created.len(),
     );
 }
 
@@ -189,5 +215,164 @@ async fn acknowledged_writes_survive_sigkill_on_postgres() {
     match osprey_store::testing::postgres_url().await {
         Some(url) => every_acknowledged_write_survives(&url).await,
         None => eprintln!("SKIPPED: OSPREY_TEST_POSTGRES_URL is not set (.ci/run sets it)"),
+    }
+}
+
+#[tokio::test]
+async fn acknowledged_writes_survive_a_postgres_crash_and_restart_mid_load() {
+    let Some(pg) = PrivatePostgres::start() else {
+        return;
+    };
+    let server = Server::start(&pg.url()).await;
+    let id = conversation(&server.base).await;
+    // Down for longer than a request waits for a connection (3 s), so some are refused.
+    let acked = write_while(&server.base, &id, async {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        pg.ctl_async(&["stop", "-m", "immediate"]).await;
+        tokio::time::sleep(Duration::from_millis(4000)).await;
+        pg.ctl_async(&["start", "-w", "-l", &pg.log()]).await;
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+    })
+    .await;
+    let unavailable = acked.refused.iter().filter(|&&s| s == 503).count();
+    assert!(
+        unavailable > 0,
+        "writes were refused while Postgres was down: {:?}",
+        acked.refused
+    );
+    assert_eq!(
+        unavailable,
+        acked.refused.len(),
+        "every refusal is a 503: {:?}",
+        acked.refused
+    );
+    let kept = all_kept(&server.base, &id, &acked).await;
+    let after = conversation(&server.base).await;
+    assert!(
+        after.starts_with("conv_"),
+        "the server recovered without a restart"
+    );
+    eprintln!(
+        "Postgres crashed and restarted mid-load: {} appends and {} conversations acknowledged, \
+         all there ({kept} items kept); {unavailable} writes refused with 503 while it was down",
+        acked.appended.len(),
+        acked.created.len(),
+    );
+}
+
+/// A Postgres cluster of the test's own in a temporary directory, on a free port, run by the
+/// `postgres` system user (Postgres refuses root); stopped and removed on drop. `None`, saying
+/// why, where this machine has no Postgres binaries or no `postgres` user.
+struct PrivatePostgres(Cluster);
+
+/// Where a private cluster lives and listens.
+#[derive(Clone)]
+struct Cluster {
+    bin: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+impl std::ops::Deref for PrivatePostgres {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.0
+    }
+}
+
+impl PrivatePostgres {
+    fn start() -> Option<Self> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().join("bin"))
+            .find(|b| b.join("pg_ctl").exists());
+        let Some(bin) = bin else {
+            eprintln!("SKIPPED: no Postgres server binaries under /usr/lib/postgresql");
+            return None;
+        };
+        let dir = std::env::temp_dir().join(format!("osprey-pg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let owned = Command::new("chown")
+            .args(["postgres:postgres", dir.to_str().unwrap()])
+            .status();
+        if !owned.is_ok_and(|s| s.success()) {
+            eprintln!("SKIPPED: the test cannot hand a directory to the postgres user");
+            return None;
+        }
+        let pg = Cluster {
+            bin,
+            dir,
+            port: osprey_testkit::free_port(),
+        };
+        let data = pg.data();
+        pg.run(
+            "initdb",
+            &["-D", &data, "-U", "postgres", "--auth=trust", "--no-sync"],
+        );
+        pg.ctl(&["start", "-w", "-l", &pg.log()]);
+        Some(Self(pg))
+    }
+}
+
+impl Cluster {
+    fn data(&self) -> String {
+        self.dir.join("data").display().to_string()
+    }
+
+    fn log(&self) -> String {
+        self.dir.join("log").display().to_string()
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// `pg_ctl ARGS` on the cluster, listening on its port only.
+    fn ctl(&self, args: &[&str]) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1",
+            self.port,
+            self.dir.display()
+        );
+        let data = self.data();
+        let mut all = vec!["-D", &data, "-o", &options];
+        all.extend_from_slice(args);
+        self.run("pg_ctl", &all);
+    }
+
+    /// [`Self::ctl`] off the runtime's threads, so the writers go on meanwhile.
+    async fn ctl_async(&self, args: &[&str]) {
+        let pg = self.clone();
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            pg.ctl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        })
+        .await
+        .unwrap();
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) {
+        let status = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join(tool))
+            .args(args)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("running {tool}: {e}"));
+        assert!(status.success(), "{tool} {args:?} failed");
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join("pg_ctl"))
+            .args(["-D", &self.data(), "stop", "-m", "immediate"])
+            .stdout(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
