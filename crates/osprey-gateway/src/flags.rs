@@ -10,6 +10,8 @@
 //! - `tier.NAME` (`false`): `auto` never picks tier NAME for the tenant;
 //! - `prompt.NAME.label` (a string): the label a request naming prompt NAME gets when it gives
 //!   neither label nor version.
+//! - `memory` (`true`): chats get their user's facts unless they say `"memory": false`;
+//! - `memory.extract` (`true`): facts a named user states are kept ([`crate::context`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
