@@ -28,6 +28,7 @@
 
 pub mod chat_template;
 pub mod detokenizer;
+pub mod embedder;
 pub mod engine;
 mod engine_loop;
 pub mod kv;
@@ -41,6 +42,7 @@ pub mod sequence;
 pub mod tokenizer;
 
 pub use chat_template::{ChatTemplate, TemplateMessage};
+pub use embedder::Embedder;
 pub use engine::{Engine, EngineConfig, EngineStats, ModelInfo, default_kv_cache_bytes};
 pub use kv_events::{KvEventBatch, KvEventLog, KvSnapshot};
 pub use output::{Delta, Generation};

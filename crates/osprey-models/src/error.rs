@@ -53,6 +53,12 @@ pub enum ModelError {
         /// The shape the configuration implies.
         expected: Vec<usize>,
     },
+    /// A tensor operation failed.
+    #[error("tensor operation: {0}")]
+    Tensor(#[from] candle_core::Error),
+    /// An input the model cannot take.
+    #[error("{0}")]
+    Input(String),
     /// The tokenizer metadata cannot be turned into a tokenizer.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

