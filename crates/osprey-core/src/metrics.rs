@@ -94,6 +94,8 @@ pub const GUARD_VERDICTS: &str = "osprey_guard_verdicts_total";
 pub const ABUSE_THROTTLED: &str = "osprey_abuse_throttled_total";
 /// Counter: lookups of the exact response cache, by result (`hit`, `miss`).
 pub const RESPONSE_CACHE: &str = "osprey_response_cache_total";
+/// Counter: lookups of the semantic response cache, by result (`hit`, `miss`).
+pub const SEMANTIC_CACHE: &str = "osprey_semantic_cache_total";
 /// Counter: request-log rows dropped (the queue full, or the store failing).
 pub const REQUEST_LOG_DROPPED: &str = "osprey_request_log_dropped_total";
 /// Counter: conversation summaries made, by result (`ok`, `failed`).

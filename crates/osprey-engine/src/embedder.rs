@@ -46,6 +46,11 @@ impl Embedder {
         Ok(Self::load(&weights, &tokenizer)?)
     }
 
+    /// The embedder from `$OSPREY_HOME` (default `~/.cache/osprey`), fetched first if need be.
+    pub fn fetch_default() -> Result<Self, EmbedderError> {
+        Self::fetch(&osprey_models::osprey_home())
+    }
+
     /// The embedder from its files.
     pub fn load(weights: &Path, tokenizer: &Path) -> Result<Self, ModelError> {
         let mut tokenizer = tokenizers::Tokenizer::from_file(tokenizer)

@@ -30,6 +30,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::replay::{Answers, CACHE, KEPT_FOR};
+use crate::semantic_cache::{SIMILARITY_HEADER, SemanticIndex, Similar};
 
 /// How long Redis may take to answer before the lookup counts as a miss.
 const REDIS_TIMEOUT: Duration = Duration::from_millis(100);
@@ -40,6 +41,8 @@ pub struct ResponseCache {
     memory: Answers,
     /// The keys of each user's answers, in memory (in Redis, a set per user).
     owned: Mutex<HashMap<(String, String), Vec<Key>>>,
+    /// Answers by meaning, for tenants that turn it on.
+    semantic: SemanticIndex,
     redis: Option<redis::Client>,
     conn: tokio::sync::Mutex<Option<redis::aio::ConnectionManager>>,
 }
@@ -95,6 +98,7 @@ impl ResponseCache {
         Self {
             memory: Answers::default(),
             owned: Mutex::default(),
+            semantic: SemanticIndex::default(),
             redis: None,
             conn: tokio::sync::Mutex::new(None),
         }
@@ -165,9 +169,23 @@ impl ResponseCache {
         found
     }
 
-    async fn put(&self, key: Key, answer: &Value, owner: Option<&Owner>) {
+    /// The answer kept for a request that means the same as `s`, marked as a hit with its
+    /// similarity, streamed if `streamed`.
+    pub fn similar(&self, s: &Similar, streamed: bool, include_usage: bool) -> Option<Response> {
+        let (answer, similarity) = self.semantic.find(s)?;
+        let mut response = replay(&answer, streamed, include_usage);
+        if let Ok(v) = HeaderValue::from_str(&format!("{similarity:.3}")) {
+            response.headers_mut().insert(SIMILARITY_HEADER, v);
+        }
+        Some(response)
+    }
+
+    async fn put(&self, key: Key, answer: &Value, owner: Option<&Owner>, similar: Option<Similar>) {
         if !keepable(answer) {
             return;
+        }
+        if let Some(s) = similar {
+            self.semantic.keep(s, answer.clone(), owner.cloned());
         }
         if let Some(owner) = owner {
             self.own(key, owner).await;
@@ -225,7 +243,8 @@ impl ResponseCache {
             let keys = (self.owned.lock().expect("owned lock"))
                 .remove(&(owner.tenant.clone(), owner.user.clone()))
                 .unwrap_or_default();
-            return Ok(keys.iter().filter(|k| self.memory.forget(k)).count());
+            let semantic = self.semantic.forget(owner);
+            return Ok(keys.iter().filter(|k| self.memory.forget(k)).count() + semantic);
         }
         let Some(mut conn) = self.connection().await else {
             return Err(redis::RedisError::from((
@@ -235,7 +254,7 @@ impl ResponseCache {
         };
         let set = Self::redis_owner_key(owner);
         let keys: Vec<String> = conn.smembers(&set).await?;
-        let mut dropped = 0;
+        let mut dropped = self.semantic.forget(owner);
         for key in &keys {
             dropped += conn.del::<_, usize>(key).await?;
         }
@@ -244,12 +263,13 @@ impl ResponseCache {
     }
 
     /// `response` (the answer to a cacheable miss) marked `miss`, kept once it is complete,
-    /// as `owner`'s if it is a user's.
+    /// as `owner`'s if it is a user's, and by meaning if `similar` says how.
     pub async fn keep(
         self: &Arc<Self>,
         key: Key,
         response: Response,
         owner: Option<Owner>,
+        similar: Option<Similar>,
     ) -> Response {
         let mut response = response;
         response
@@ -259,14 +279,14 @@ impl ResponseCache {
             return response;
         }
         if crate::sse_tap::is_stream(&response) {
-            return self.keep_stream(key, response, owner);
+            return self.keep_stream(key, response, owner, similar);
         }
         let answer = match crate::replay::Answer::read(response).await {
             Ok(a) => a,
             Err(r) => return r,
         };
         if let Some(json) = answer.json() {
-            self.put(key, &json, owner.as_ref()).await;
+            self.put(key, &json, owner.as_ref(), similar).await;
         }
         answer.response()
     }
@@ -276,6 +296,7 @@ impl ResponseCache {
         key: Key,
         response: Response,
         owner: Option<Owner>,
+        similar: Option<Similar>,
     ) -> Response {
         let this = self.clone();
         let mut assembled = Assembled::default();
@@ -287,9 +308,10 @@ impl ResponseCache {
                 return Box::pin(std::future::ready(data));
             }
             let (this, answer, owner) = (this.clone(), assembled.answer(), owner.clone());
+            let similar = similar.clone();
             Box::pin(async move {
                 if let Some(answer) = answer {
-                    this.put(key, &answer, owner.as_ref()).await;
+                    this.put(key, &answer, owner.as_ref(), similar).await;
                 }
                 data
             })

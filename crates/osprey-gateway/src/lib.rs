@@ -22,6 +22,8 @@
 //! - [`context`]: a chat request's user context put in by the prompt builder: facts, a
 //!   scratchpad, and a conversation's summary and recent turns ([`conversation`],
 //!   [`summarize`]), each within its budget;
+//! - [`cache`] and [`semantic_cache`]: answers kept by request, and (opt-in per tenant) by
+//!   meaning;
 //! - [`request_log`]: one row per generation request in the store, written off the request's
 //!   path;
 //! - [`safety`]: each tenant's safety policy ([`osprey_policy`]) screening generation input,
@@ -57,6 +59,7 @@ pub mod replay;
 pub mod request_log;
 pub mod routes;
 pub mod safety;
+pub mod semantic_cache;
 pub mod sse_tap;
 pub mod state;
 pub mod summarize;

@@ -43,6 +43,8 @@ struct Inner {
     /// The exact response cache (off on workers: their gateway caches).
     response_cache: Option<Arc<crate::cache::ResponseCache>>,
     store: Option<Store>,
+    /// The sentence embedder, loaded (fetched if need be) on first use; `None` if that failed.
+    embedder: tokio::sync::OnceCell<Option<Arc<osprey_engine::Embedder>>>,
     /// The request log's writer, started on first use (it needs the runtime).
     request_log: OnceLock<crate::request_log::RequestLog>,
     batch_added: Notify,
@@ -98,6 +100,7 @@ impl AppState {
                 response_cache: Some(Arc::new(crate::cache::ResponseCache::memory())),
                 store: None,
                 request_log: OnceLock::new(),
+                embedder: tokio::sync::OnceCell::new(),
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
                 created: unix_now(),
@@ -138,6 +141,22 @@ impl AppState {
     /// The store of batches and files, if any.
     pub fn store(&self) -> Option<&Store> {
         self.inner.store.as_ref()
+    }
+
+    /// The sentence embedder (all-MiniLM-L6-v2), loaded on first use from `$OSPREY_HOME`,
+    /// fetched there first if need be; `None`, logged once, if it cannot be had.
+    pub async fn embedder(&self) -> Option<Arc<osprey_engine::Embedder>> {
+        let load = || async {
+            match tokio::task::spawn_blocking(osprey_engine::Embedder::fetch_default).await {
+                Ok(Ok(embedder)) => Some(Arc::new(embedder)),
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "the embedding model is not available");
+                    None
+                }
+                Err(_) => None,
+            }
+        };
+        self.inner.embedder.get_or_init(load).await.clone()
     }
 
     /// Where generation requests are logged: the store's request log, if there is a store.

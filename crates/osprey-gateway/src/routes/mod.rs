@@ -195,10 +195,27 @@ async fn generate<R: Routed>(
         (Some(cache), Some(key)) => cache.get(key).await,
         _ => None,
     };
+    let similar = match (
+        state.response_cache(),
+        crate::semantic_cache::threshold(&flags),
+    ) {
+        (Some(_), Some(t)) if hit.is_none() && cache_key.is_some() && path == CHAT_PATH => {
+            crate::semantic_cache::similar(&state, &scope, path, &body, t).await
+        }
+        _ => None,
+    };
     let mut response = 'answer: {
+        let (streamed, usage) = (
+            replay::is_streamed(&body),
+            crate::body::include_usage(&body),
+        );
         if let Some(answer) = hit {
-            let usage = crate::body::include_usage(&body);
-            break 'answer crate::cache::replay(&answer, replay::is_streamed(&body), usage);
+            break 'answer crate::cache::replay(&answer, streamed, usage);
+        }
+        if let (Some(cache), Some(s)) = (state.response_cache(), &similar)
+            && let Some(response) = cache.similar(s, streamed, usage)
+        {
+            break 'answer response;
         }
         if level >= 5
             && let Some(mut response) = cached("degraded")
@@ -272,7 +289,9 @@ async fn generate<R: Routed>(
         }
         // A degraded answer (capped, a smaller tier) is not the answer to the request as asked.
         match (state.response_cache(), cache_key) {
-            (Some(cache), Some(key)) if level == 0 => cache.keep(key, response, owner).await,
+            (Some(cache), Some(key)) if level == 0 => {
+                cache.keep(key, response, owner, similar).await
+            }
             _ => response,
         }
     };
