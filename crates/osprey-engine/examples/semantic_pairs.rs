@@ -20,7 +20,12 @@ fn main() {
             let sim = cosine(&e("a"), &e("b"));
             match pair["same"].as_bool() {
                 Some(true) => same.push(sim),
-                _ => other.push(sim),
+                _ => {
+                    other.push(sim);
+                    if sim >= 0.85 {
+                        println!("near miss at {sim:.3}: {} | {}", pair["a"], pair["b"]);
+                    }
+                }
             }
         }
         println!(
