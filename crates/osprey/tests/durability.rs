@@ -1,5 +1,5 @@
-//! Durability under load: a real `osprey serve` process takes conversation writes from
-//! concurrent clients and
+//! Durability under load: a real `osprey serve` process takes writes from concurrent clients
+//! (conversations and their items, memory facts, prompt versions) and
 //! - is killed with SIGKILL mid-stream; after a restart on the same store, every write it
 //!   acknowledged is there. On SQLite, and on Postgres when `OSPREY_TEST_POSTGRES_URL` is set;
 //! - loses its Postgres mid-stream (a private cluster of the test's own, stopped in `immediate`
@@ -15,6 +15,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+/// The admin key of the servers under test.
+const ADMIN: &str = "durability-admin";
+
 /// `osprey serve --no-engine` on `store`; killed (SIGKILL) when dropped.
 struct Server {
     child: Child,
@@ -26,6 +29,7 @@ impl Server {
         let port = osprey_testkit::free_port().to_string();
         let child = Command::new(env!("CARGO_BIN_EXE_osprey"))
             .args(["serve", "--no-engine", "--port", &port, "--store", store])
+            .args(["--admin-key", ADMIN])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
@@ -91,11 +95,14 @@ async fn texts(base: &str, id: &str) -> Vec<String> {
     }
 }
 
-/// What writers had acknowledged: the texts appended and the conversations created.
+/// What writers had acknowledged: the texts appended, the conversations created, the facts
+/// kept and the prompts pushed.
 #[derive(Default)]
 struct Acknowledged {
     appended: BTreeSet<String>,
     created: BTreeSet<String>,
+    facts: BTreeSet<String>,
+    prompts: BTreeSet<String>,
     /// Writes refused (not acknowledged), by status.
     refused: Vec<u16>,
 }
@@ -115,10 +122,24 @@ async fn write_while(base: &str, id: &str, during: impl Future<Output = ()>) -> 
                     return;
                 }
                 let text = format!("w{w}-{n}");
-                let body = json!({"items": [{"role": "user", "content": text}]});
-                let r = match n % 4 {
-                    0 => client().post(format!("{base}/v1/conversations")),
-                    _ => client().post(format!("{base}/v1/conversations/{id}/items")),
+                let items = json!({"items": [{"role": "user", "content": text}]});
+                let prompt = json!({"messages": [{"role": "system", "content": text}]});
+                let (r, body) = match n % 6 {
+                    0 => (client().post(format!("{base}/v1/conversations")), items),
+                    4 => (
+                        client().post(format!("{base}/v1/memory/facts")),
+                        json!({"content": text}),
+                    ),
+                    5 => (
+                        client()
+                            .post(format!("{base}/admin/prompts/p-{text}"))
+                            .bearer_auth(ADMIN),
+                        prompt,
+                    ),
+                    _ => (
+                        client().post(format!("{base}/v1/conversations/{id}/items")),
+                        items,
+                    ),
                 };
                 let Ok(r) = r.header("x-osprey-user", "w").json(&body).send().await else {
                     return; // the server is gone
@@ -132,8 +153,10 @@ async fn write_while(base: &str, id: &str, during: impl Future<Output = ()>) -> 
                     return;
                 };
                 let mut acked = acked.lock().unwrap();
-                match n % 4 {
+                match n % 6 {
                     0 => acked.created.insert(v["id"].as_str().unwrap().to_owned()),
+                    4 => acked.facts.insert(text),
+                    5 => acked.prompts.insert(format!("p-{text}")),
                     _ => acked.appended.insert(text),
                 };
             }
@@ -159,6 +182,27 @@ async fn all_kept(base: &str, id: &str, acked: &Acknowledged) -> usize {
             .await
             .unwrap();
         assert_eq!(r.status(), 200, "acknowledged conversation {conv} lost");
+    }
+    let facts: Value = (client().get(format!("{base}/v1/memory/facts")))
+        .header("x-osprey-user", "w")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let facts: BTreeSet<String> = (facts["data"].as_array().unwrap().iter())
+        .map(|f| f["content"].as_str().unwrap().to_owned())
+        .collect();
+    let lost: Vec<&String> = acked.facts.difference(&facts).collect();
+    assert!(lost.is_empty(), "acknowledged facts lost: {lost:?}");
+    for name in &acked.prompts {
+        let r = (client().get(format!("{base}/admin/prompts/{name}")))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "acknowledged prompt {name} lost");
     }
     kept.len()
 }
@@ -194,10 +238,13 @@ async fn every_acknowledged_write_survives(store: &str) {
     let server = Server::start(store).await;
     let kept = all_kept(&server.base, &id, &acked).await;
     eprintln!(
-        "{store}: {} appends and {} conversations acknowledged before SIGKILL, all there after \
-         restart ({kept} items kept: writes in flight at the kill may land without an answer)",
+        "{store}: {} appends, {} conversations, {} facts and {} prompt versions acknowledged \
+         before SIGKILL, all there after restart ({kept} items kept: writes in flight at the \
+         kill may land without an answer)",
         acked.appended.len(),
         acked.created.len(),
+        acked.facts.len(),
+        acked.prompts.len(),
     );
 }
 
@@ -253,10 +300,13 @@ async fn acknowledged_writes_survive_a_postgres_crash_and_restart_mid_load() {
         "the server recovered without a restart"
     );
     eprintln!(
-        "Postgres crashed and restarted mid-load: {} appends and {} conversations acknowledged, \
-         all there ({kept} items kept); {unavailable} writes refused with 503 while it was down",
+        "Postgres crashed and restarted mid-load: {} appends, {} conversations, {} facts and {} \
+         prompt versions acknowledged, all there ({kept} items kept); {unavailable} writes \
+         refused with 503 while it was down",
         acked.appended.len(),
         acked.created.len(),
+        acked.facts.len(),
+        acked.prompts.len(),
     );
 }
 
