@@ -50,6 +50,17 @@ pub struct ResponseCache {
 /// A cacheable request's key.
 pub type Key = [u8; 32];
 
+/// Where a cacheable request's answer is kept: its key, whose it is (a user's, when their
+/// context is in the prompt) and, for the semantic cache, what it means.
+pub struct Slot {
+    /// The exact key.
+    pub key: Key,
+    /// The user whose answer it is.
+    pub owner: Option<Owner>,
+    /// The request by meaning, for tenants with the semantic cache.
+    pub similar: Option<Similar>,
+}
+
 /// The key of `body` for `path` in `scope`, if the request is deterministic.
 pub fn key(scope: &str, path: &str, body: &[u8]) -> Option<Key> {
     let mut v: Value = serde_json::from_slice(body).ok()?;
@@ -180,14 +191,16 @@ impl ResponseCache {
         Some(response)
     }
 
-    async fn put(&self, key: Key, answer: &Value, owner: Option<&Owner>, similar: Option<Similar>) {
+    async fn put(&self, slot: &Slot, answer: &Value) {
         if !keepable(answer) {
             return;
         }
-        if let Some(s) = similar {
-            self.semantic.keep(s, answer.clone(), owner.cloned());
+        let key = slot.key;
+        if let Some(s) = &slot.similar {
+            self.semantic
+                .keep(s.clone(), answer.clone(), slot.owner.clone());
         }
-        if let Some(owner) = owner {
+        if let Some(owner) = &slot.owner {
             self.own(key, owner).await;
         }
         let body = Bytes::from(serde_json::to_vec(answer).expect("JSON serialises"));
@@ -262,15 +275,9 @@ impl ResponseCache {
         Ok(dropped)
     }
 
-    /// `response` (the answer to a cacheable miss) marked `miss`, kept once it is complete,
-    /// as `owner`'s if it is a user's, and by meaning if `similar` says how.
-    pub async fn keep(
-        self: &Arc<Self>,
-        key: Key,
-        response: Response,
-        owner: Option<Owner>,
-        similar: Option<Similar>,
-    ) -> Response {
+    /// `response` (the answer to a cacheable miss) marked `miss`, kept in `slot` once it is
+    /// complete.
+    pub async fn keep(self: &Arc<Self>, slot: Slot, response: Response) -> Response {
         let mut response = response;
         response
             .headers_mut()
@@ -279,26 +286,20 @@ impl ResponseCache {
             return response;
         }
         if crate::sse_tap::is_stream(&response) {
-            return self.keep_stream(key, response, owner, similar);
+            return self.keep_stream(slot, response);
         }
         let answer = match crate::replay::Answer::read(response).await {
             Ok(a) => a,
             Err(r) => return r,
         };
         if let Some(json) = answer.json() {
-            self.put(key, &json, owner.as_ref(), similar).await;
+            self.put(&slot, &json).await;
         }
         answer.response()
     }
 
-    fn keep_stream(
-        self: &Arc<Self>,
-        key: Key,
-        response: Response,
-        owner: Option<Owner>,
-        similar: Option<Similar>,
-    ) -> Response {
-        let this = self.clone();
+    fn keep_stream(self: &Arc<Self>, slot: Slot, response: Response) -> Response {
+        let (this, slot) = (self.clone(), Arc::new(slot));
         let mut assembled = Assembled::default();
         crate::sse_tap::tap(response, move |data| {
             if data != "[DONE]" {
@@ -307,11 +308,10 @@ impl ResponseCache {
                 }
                 return Box::pin(std::future::ready(data));
             }
-            let (this, answer, owner) = (this.clone(), assembled.answer(), owner.clone());
-            let similar = similar.clone();
+            let (this, answer, slot) = (this.clone(), assembled.answer(), slot.clone());
             Box::pin(async move {
                 if let Some(answer) = answer {
-                    this.put(key, &answer, owner.as_ref(), similar).await;
+                    this.put(&slot, &answer).await;
                 }
                 data
             })

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
-use osprey_context::builder::{Budgets, HistoryPlan, plan_history};
+use osprey_context::builder::{Budgets, HistoryPlan, MESSAGE_OVERHEAD, plan_history};
 use osprey_context::prompt::Message;
 use osprey_core::Error;
 use osprey_store::{ItemPage, ItemRecord, NewItem, Owner, Store, SummaryRecord};
@@ -69,10 +69,7 @@ pub async fn session(
         0 => budgets.history,
         _ => budgets.history + FOLD_WINDOW,
     };
-    let items = unsummarised(state, store, owner, id, since, window).await?;
-    let costs: Vec<usize> = (items.iter())
-        .map(|i| count_tokens(state, &i.content) + osprey_context::builder::MESSAGE_OVERHEAD)
-        .collect();
+    let (items, costs) = unsummarised(state, store, owner, id, since, window).await?;
     let message = |i: &ItemRecord| Message {
         role: i.role.clone(),
         content: i.content.clone(),
@@ -126,7 +123,7 @@ pub async fn session(
 }
 
 /// The newest items of conversation `id` after `since`, up to `window` tokens' worth (and
-/// the one that crosses it), oldest first.
+/// the one that crosses it), oldest first, with what each costs in a prompt.
 async fn unsummarised(
     state: &AppState,
     store: &Store,
@@ -134,8 +131,8 @@ async fn unsummarised(
     id: &str,
     since: i64,
     window: usize,
-) -> Result<Vec<ItemRecord>, Error> {
-    let (mut kept, mut used, mut after) = (Vec::new(), 0, None::<String>);
+) -> Result<(Vec<ItemRecord>, Vec<usize>), Error> {
+    let (mut kept, mut costs, mut used, mut after) = (Vec::new(), Vec::new(), 0, None::<String>);
     'pages: loop {
         let page = ItemPage {
             after: after.as_deref(),
@@ -147,7 +144,9 @@ async fn unsummarised(
             if item.seq <= since || used > window {
                 break 'pages;
             }
-            used += count_tokens(state, &item.content);
+            let cost = count_tokens(state, &item.content) + MESSAGE_OVERHEAD;
+            used += cost;
+            costs.push(cost);
             kept.push(item.clone());
         }
         match items.last() {
@@ -156,7 +155,8 @@ async fn unsummarised(
         }
     }
     kept.reverse();
-    Ok(kept)
+    costs.reverse();
+    Ok((kept, costs))
 }
 
 impl Turn {

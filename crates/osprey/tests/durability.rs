@@ -70,19 +70,24 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// The JSON at `url`, read as the writers' user.
+async fn read(url: String) -> Value {
+    (client().get(url).header("x-osprey-user", "w"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Every text in conversation `id`, oldest first, read page by page.
 async fn texts(base: &str, id: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut after = String::new();
     loop {
         let url = format!("{base}/v1/conversations/{id}/items?order=asc&limit=100{after}");
-        let page: Value = (client().get(url).header("x-osprey-user", "w"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let page = read(url).await;
         let data = page["data"].as_array().expect("a page of items");
         out.extend(
             data.iter()
@@ -183,14 +188,7 @@ async fn all_kept(base: &str, id: &str, acked: &Acknowledged) -> usize {
             .unwrap();
         assert_eq!(r.status(), 200, "acknowledged conversation {conv} lost");
     }
-    let facts: Value = (client().get(format!("{base}/v1/memory/facts")))
-        .header("x-osprey-user", "w")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let facts = read(format!("{base}/v1/memory/facts")).await;
     let facts: BTreeSet<String> = (facts["data"].as_array().unwrap().iter())
         .map(|f| f["content"].as_str().unwrap().to_owned())
         .collect();

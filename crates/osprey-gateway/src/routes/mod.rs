@@ -290,7 +290,12 @@ async fn generate<R: Routed>(
         // A degraded answer (capped, a smaller tier) is not the answer to the request as asked.
         match (state.response_cache(), cache_key) {
             (Some(cache), Some(key)) if level == 0 => {
-                cache.keep(key, response, owner, similar).await
+                let slot = crate::cache::Slot {
+                    key,
+                    owner,
+                    similar,
+                };
+                cache.keep(slot, response).await
             }
             _ => response,
         }
