@@ -102,6 +102,14 @@ pub const REQUEST_LOG_DROPPED: &str = "osprey_request_log_dropped_total";
 pub const SUMMARIES: &str = "osprey_conversation_summaries_total";
 /// Counter: facts found in users' words and kept as episodic memory.
 pub const FACTS_EXTRACTED: &str = "osprey_memory_facts_extracted_total";
+/// Counter: chunks embedded and indexed by ingest jobs.
+pub const RAG_CHUNKS_INGESTED: &str = "osprey_rag_chunks_ingested_total";
+/// Histogram: collection search latency, seconds (`rerank`: `true`, `false`).
+pub const RAG_SEARCH_DURATION: &str = "osprey_rag_search_duration_seconds";
+/// Counter: retrieved passages the injection guard kept out of a prompt.
+pub const RAG_PASSAGES_DROPPED: &str = "osprey_rag_passages_dropped_total";
+/// Gauge: collections last indexed longer ago than their re-index interval (stale indexes).
+pub const RAG_STALE_COLLECTIONS: &str = "osprey_rag_stale_collections";
 /// Counter: repeats of an idempotent request given the first one's answer.
 pub const REPLAYED: &str = "osprey_requests_replayed_total";
 /// Counter: answers served from the recent answers, by why (`degraded`, `fallback`).

@@ -57,3 +57,25 @@ fn paraphrases_are_nearer_than_other_meanings() {
     let long = "word ".repeat(2000);
     assert_eq!(e(&long).len(), DIMENSIONS);
 }
+
+/// Parity with the reference: sentence-transformers running the package's own model
+/// (`scripts/minilm-reference.py` wrote the fixture), cosine ≥ 0.999 on every sentence,
+/// including one past the 256-token cut.
+#[test]
+fn matches_sentence_transformers() {
+    let embedder = Embedder::fetch(&osprey_models::osprey_home()).expect("the embedder loads");
+    let fixture: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/minilm-reference.json")).unwrap();
+    let items = fixture["items"].as_array().unwrap();
+    assert!(items.len() >= 10);
+    for item in items {
+        let text = item["text"].as_str().unwrap();
+        let reference: Vec<f32> = (item["embedding"].as_array().unwrap().iter())
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        let norm = reference.iter().map(|x| x * x).sum::<f32>().sqrt();
+        let ours = embedder.embed(text).unwrap();
+        let similarity = cosine(&ours, &reference) / norm;
+        assert!(similarity >= 0.999, "{similarity} for {text:?}");
+    }
+}

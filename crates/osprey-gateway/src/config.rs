@@ -32,6 +32,8 @@ pub struct TenantConfig {
     pub cache_group: Option<String>,
     /// Degraded last under load: two levels less than others.
     pub premium: Option<bool>,
+    /// ACL groups all of the tenant's requests belong to (its keys may add more).
+    pub groups: Option<Vec<String>>,
 }
 
 /// Limits for tenants that set none.
@@ -149,6 +151,8 @@ pub struct Tenant {
     pub cache_salt: String,
     /// Degraded last under load.
     pub premium: bool,
+    /// ACL groups all its requests belong to.
+    pub groups: Vec<String>,
 }
 
 impl EdgeConfig {
@@ -167,6 +171,7 @@ impl EdgeConfig {
             policy: t.policy,
             cache_salt: format!("tenant:{}", t.cache_group.as_deref().unwrap_or(name)),
             premium: t.premium.unwrap_or(false),
+            groups: t.groups.unwrap_or_default(),
         }
     }
 }

@@ -42,6 +42,9 @@ pub struct Caller {
     /// The end user the request is for, from the `x-osprey-user` header: conversations and
     /// memory belong to a tenant's user.
     pub user: Option<String>,
+    /// The ACL groups it belongs to: the tenant's and its key's (never the request's own
+    /// say).
+    pub groups: Vec<String>,
 }
 
 /// The header naming the end user a request is for.
@@ -183,6 +186,7 @@ impl Edge {
                 tenant: self.tenant(OPEN_TENANT),
                 key_id: None,
                 user: None,
+                groups: Vec::new(),
             },
             model: None,
             usage: Arc::default(),
@@ -201,10 +205,13 @@ impl Edge {
             .map(str::trim)
             .filter(|u| !u.is_empty())
             .map(str::to_owned);
+        let mut groups = tenant.groups.clone();
+        groups.extend(key.iter().flat_map(|k| k.groups()));
         let caller = Caller {
             tenant,
             key_id: key.as_ref().map(|k| k.id.clone()),
             user,
+            groups,
         };
         Ok((caller, key))
     }

@@ -45,6 +45,10 @@ struct Inner {
     store: Option<Store>,
     /// The sentence embedder, loaded (fetched if need be) on first use; `None` if that failed.
     embedder: tokio::sync::OnceCell<Option<Arc<osprey_engine::Embedder>>>,
+    /// The tenants' document collections (retrieval).
+    library: Arc<osprey_rag::Library>,
+    /// Ingest jobs, run one at a time off the serving threads.
+    ingest: crate::ingest::IngestJobs,
     /// The request log's writer, started on first use (it needs the runtime).
     request_log: OnceLock<crate::request_log::RequestLog>,
     batch_added: Notify,
@@ -101,6 +105,8 @@ impl AppState {
                 store: None,
                 request_log: OnceLock::new(),
                 embedder: tokio::sync::OnceCell::new(),
+                library: Arc::new(osprey_rag::Library::at_home()),
+                ingest: crate::ingest::IngestJobs::default(),
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
                 created: unix_now(),
@@ -116,6 +122,26 @@ impl AppState {
         let inner = Arc::get_mut(&mut self.inner).expect("with_pool before the state is shared");
         inner.pool = Some(pool);
         self
+    }
+
+    /// The same state, keeping collections in `library` (instead of `$OSPREY_HOME`'s).
+    ///
+    /// # Panics
+    /// If the state has been cloned already.
+    pub fn with_library(mut self, library: osprey_rag::Library) -> Self {
+        let inner = Arc::get_mut(&mut self.inner).expect("with_library before the state is shared");
+        inner.library = Arc::new(library);
+        self
+    }
+
+    /// The tenants' document collections.
+    pub fn library(&self) -> &Arc<osprey_rag::Library> {
+        &self.inner.library
+    }
+
+    /// The ingest jobs.
+    pub fn ingest_jobs(&self) -> &crate::ingest::IngestJobs {
+        &self.inner.ingest
     }
 
     /// The same state, answering `"model": "auto"` with `tiers`.

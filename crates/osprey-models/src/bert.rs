@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use candle_core::{D, DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::error::{ModelError, Result};
 
@@ -53,13 +53,12 @@ struct Norm {
 
 impl Norm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centred = x.broadcast_sub(&mean)?;
-        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = centred.broadcast_div(&(var + EPS)?.sqrt()?)?;
-        Ok(normed
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)?)
+        Ok(candle_nn::ops::layer_norm(
+            x,
+            &self.weight,
+            &self.bias,
+            EPS as f32,
+        )?)
     }
 }
 
@@ -140,50 +139,80 @@ impl BertModel {
     /// The pooled, unit-length embedding of one sequence of token ids (at most
     /// [`Self::max_positions`]).
     pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
-        let n = ids.len();
-        if n == 0 || n > self.config.max_positions {
+        Ok(self.embed_batch(&[ids])?.remove(0))
+    }
+
+    /// The embeddings of several sequences in one forward pass: shorter ones are padded and
+    /// their padding masked out of attention and pooling, so each embedding is the one
+    /// [`Self::embed`] gives alone. One pass over a batch makes the matmuls big enough to
+    /// keep every core busy.
+    pub fn embed_batch(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        let max = self.config.max_positions;
+        if let Some(bad) = batch.iter().find(|ids| ids.is_empty() || ids.len() > max) {
+            let n = bad.len();
             return Err(ModelError::Input(format!(
-                "an input of {n} tokens (1 to {} are embedded)",
-                self.config.max_positions
+                "an input of {n} tokens (1 to {max} are embedded)"
             )));
         }
-        let ids = Tensor::new(ids, &Device::Cpu)?;
-        let x = self.words.index_select(&ids, 0)?;
+        let (b, n) = (
+            batch.len(),
+            batch.iter().map(|ids| ids.len()).max().unwrap_or(0),
+        );
+        if b == 0 {
+            return Ok(Vec::new());
+        }
+        let mut padded = vec![0u32; b * n];
+        let mut valid = vec![0f32; b * n];
+        for (row, ids) in batch.iter().enumerate() {
+            padded[row * n..row * n + ids.len()].copy_from_slice(ids);
+            valid[row * n..row * n + ids.len()].fill(1.0);
+        }
+        let valid = Tensor::from_vec(valid, (b, n), &Device::Cpu)?;
+        // Added to attention scores: 0 for a real key, a large negative for padding.
+        let key_mask = ((valid.clone() - 1.0)? * 1e9)?.reshape((b, 1, 1, n))?;
+        let ids = Tensor::from_vec(padded, b * n, &Device::Cpu)?;
+        let x = self
+            .words
+            .index_select(&ids, 0)?
+            .reshape((b, n, self.config.hidden))?;
         let x = x.broadcast_add(&self.positions.narrow(0, 0, n)?)?;
         let mut x = self.embed_norm.forward(&x.broadcast_add(&self.segment)?)?;
         for layer in &self.layers {
-            x = self.layer(layer, &x)?;
+            x = self.layer(layer, &x, &key_mask)?;
         }
-        let pooled = x.mean(0)?;
-        let norm = pooled
+        // Mean over each sequence's own tokens.
+        let weights = valid.unsqueeze(2)?;
+        let summed = x.broadcast_mul(&weights)?.sum(1)?;
+        let pooled = summed.broadcast_div(&weights.sum(1)?)?;
+        let norms = pooled
             .sqr()?
-            .sum_all()?
+            .sum_keepdim(1)?
             .sqrt()?
-            .to_scalar::<f32>()?
-            .max(1e-12);
-        Ok((pooled / f64::from(norm))?.to_vec1()?)
+            .clamp(1e-12, f64::MAX)?;
+        Ok(pooled.broadcast_div(&norms)?.to_vec2()?)
     }
 
-    fn layer(&self, l: &Layer, x: &Tensor) -> Result<Tensor> {
-        let (n, heads) = (x.dim(0)?, self.config.heads);
-        let d = self.config.hidden / heads;
-        // [n, hidden] -> [heads, n, d]
+    /// One encoder layer over `x` (`[batch, tokens, hidden]`), keys masked by `key_mask`.
+    fn layer(&self, l: &Layer, x: &Tensor, key_mask: &Tensor) -> Result<Tensor> {
+        let (b, n, hidden) = x.dims3()?;
+        let heads = self.config.heads;
+        let d = hidden / heads;
+        let x = x.reshape((b * n, hidden))?;
+        // [b·n, hidden] -> [b, heads, n, d]
         let split = |t: Tensor| -> Result<Tensor> {
-            Ok(t.reshape((n, heads, d))?.transpose(0, 1)?.contiguous()?)
+            Ok(t.reshape((b, n, heads, d))?.transpose(1, 2)?.contiguous()?)
         };
-        let q = split(l.query.forward(x)?)?;
-        let k = split(l.key.forward(x)?)?;
-        let v = split(l.value.forward(x)?)?;
-        let scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?;
-        let max = scores.max_keepdim(D::Minus1)?;
-        let e = scores.broadcast_sub(&max)?.exp()?;
-        let probs = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
-        let ctx = probs
-            .matmul(&v)?
-            .transpose(0, 1)?
-            .reshape((n, self.config.hidden))?;
-        let x = l.attn_norm.forward(&(x + l.attn_out.forward(&ctx)?)?)?;
+        // Scaled before the product: the smaller tensor.
+        let q = split((l.query.forward(&x)? / (d as f64).sqrt())?)?;
+        let k = split(l.key.forward(&x)?)?;
+        let v = split(l.value.forward(&x)?)?;
+        let scores = q.matmul(&k.t()?)?.broadcast_add(key_mask)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let ctx = (probs.matmul(&v)?.transpose(1, 2)?).reshape((b * n, hidden))?;
+        let x = l.attn_norm.forward(&(&x + l.attn_out.forward(&ctx)?)?)?;
         let h = l.up.forward(&x)?.gelu_erf()?;
-        l.out_norm.forward(&(&x + l.down.forward(&h)?)?)
+        Ok(l.out_norm
+            .forward(&(&x + l.down.forward(&h)?)?)?
+            .reshape((b, n, hidden))?)
     }
 }

@@ -34,9 +34,19 @@ pub struct KeyRecord {
     pub last_used_at: Option<i64>,
     /// Revocation time, Unix ms.
     pub revoked_at: Option<i64>,
+    /// ACL groups its requests belong to, comma-separated (see [`KeyRecord::groups`]).
+    pub acl_groups: String,
 }
 
 impl KeyRecord {
+    /// The ACL groups its requests belong to.
+    pub fn groups(&self) -> Vec<String> {
+        (self.acl_groups.split(',').map(str::trim))
+            .filter(|g| !g.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Whether the key may be used at `now_ms`.
     pub fn is_active(&self, now_ms: i64) -> bool {
         self.revoked_at.is_none() && self.expires_at.is_none_or(|e| e > now_ms)
@@ -56,6 +66,8 @@ pub struct NewKey {
     pub rpm: Option<i64>,
     /// Tokens per minute for this key.
     pub tpm: Option<i64>,
+    /// ACL groups its requests belong to.
+    pub groups: Vec<String>,
 }
 
 impl NewKey {
@@ -93,7 +105,7 @@ pub(crate) fn random_hex(bytes: usize) -> String {
 /// only static SQL).
 macro_rules! columns {
     () => {
-        "id, hash, prefix, tenant, name, rpm, tpm, created_at, expires_at, last_used_at, revoked_at"
+        "id, hash, prefix, tenant, name, rpm, tpm, created_at, expires_at, last_used_at, revoked_at, acl_groups"
     };
 }
 
@@ -119,12 +131,13 @@ impl Store {
             expires_at: new.expires_at,
             last_used_at: None,
             revoked_at: None,
+            acl_groups: new.groups.join(","),
         };
         let mut tx = self.pool.begin().await?;
         sqlx::query(concat!(
             "INSERT INTO api_keys (",
             columns!(),
-            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
         ))
         .bind(&record.id)
         .bind(&record.hash)
@@ -137,6 +150,7 @@ impl Store {
         .bind(record.expires_at)
         .bind(record.last_used_at)
         .bind(record.revoked_at)
+        .bind(&record.acl_groups)
         .execute(&mut *tx)
         .await?;
         crate::bump_counter(&mut tx, "keys").await?;

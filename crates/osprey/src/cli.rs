@@ -36,6 +36,10 @@ pub enum Command {
     Flags(crate::flags::FlagsArgs),
     /// Forget a tenant's user: conversations, memory, request log, cached answers.
     Users(crate::users::UsersArgs),
+    /// Ingest files or folders into a document collection (PDF, HTML, Markdown, text, JSONL).
+    Ingest(crate::rag::IngestArgs),
+    /// Search a document collection.
+    Search(crate::rag::SearchArgs),
     /// Check a config file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -241,10 +245,12 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
     Ok((value * scale) as usize)
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`, with the HNSW library's chatter at
+/// `warn`).
 pub fn init_logging(format: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,hnsw_rs=warn,anndists=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -37,6 +37,10 @@ pub enum KeysCommand {
         /// Tokens per minute for this key (default: the tenant's).
         #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
         tpm: Option<i64>,
+        /// An ACL group the key's requests belong to (repeatable): retrieval shows them the
+        /// documents ingested with `--acl` of that group.
+        #[arg(long = "group")]
+        groups: Vec<String>,
     },
     /// List keys (never their secrets).
     List,
@@ -74,6 +78,7 @@ pub fn run(args: KeysArgs) -> anyhow::Result<()> {
                 expires,
                 rpm,
                 tpm,
+                groups,
             } => {
                 let created = store
                     .create_key(NewKey {
@@ -82,6 +87,7 @@ pub fn run(args: KeysArgs) -> anyhow::Result<()> {
                         expires_at: expires,
                         rpm,
                         tpm,
+                        groups,
                     })
                     .await?;
                 let r = &created.record;

@@ -8,6 +8,7 @@ mod flags;
 mod keys;
 mod models;
 mod prompts;
+mod rag;
 mod serve;
 mod users;
 mod worker;
@@ -50,6 +51,8 @@ fn run() -> anyhow::Result<()> {
         cli::Command::Prompts(args) => prompts::run(args),
         cli::Command::Flags(args) => flags::run(args),
         cli::Command::Users(args) => users::run(args),
+        cli::Command::Ingest(args) => rag::ingest(args),
+        cli::Command::Search(args) => rag::search(args),
         cli::Command::Config(cli::ConfigCommand::Check { file }) => config::check(&file),
     }
 }

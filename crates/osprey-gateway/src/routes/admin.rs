@@ -75,6 +75,7 @@ pub fn key_json(k: &KeyRecord) -> serde_json::Value {
         "expires_at": secs(k.expires_at),
         "last_used_at": secs(k.last_used_at),
         "revoked_at": secs(k.revoked_at),
+        "groups": k.groups(),
     })
 }
 
@@ -100,6 +101,9 @@ struct CreateKey {
     expires_at: Option<i64>,
     rpm: Option<i64>,
     tpm: Option<i64>,
+    /// ACL groups the key's requests belong to.
+    #[serde(default)]
+    groups: Vec<String>,
 }
 
 async fn create_key(
@@ -110,6 +114,15 @@ async fn create_key(
         .map_err(|e| Error::invalid("body", format!("Invalid key request: {e}")))?;
     if req.tenant.trim().is_empty() {
         return Err(Error::invalid("tenant", "`tenant` must not be empty.").into());
+    }
+    if let Some(bad) = req
+        .groups
+        .iter()
+        .find(|g| !crate::routes::collections::valid_group(g))
+    {
+        let why =
+            format!("{bad:?} is not a group name (1 to 64 letters, digits, '-', '_', '.' or ':')");
+        return Err(Error::invalid("groups", why).into());
     }
     for (field, v) in [("rpm", req.rpm), ("tpm", req.tpm)] {
         if v.is_some_and(|v| v < 1) {
@@ -124,6 +137,7 @@ async fn create_key(
             expires_at: req.expires_at.map(|s| s.saturating_mul(1000)),
             rpm: req.rpm,
             tpm: req.tpm,
+            groups: req.groups,
         })
         .await
         .map_err(store_error)?;

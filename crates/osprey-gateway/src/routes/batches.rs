@@ -275,8 +275,10 @@ async fn run_batch(state: &AppState, store: &Store, b: &BatchRecord) -> Result<(
     let Ok(lines) = parse_lines(&content, &b.endpoint) else {
         return store.finish_batch(&b.id, "failed", None).await;
     };
+    let tenant = state.edge().tenant(&b.tenant);
     let caller = Caller {
-        tenant: state.edge().tenant(&b.tenant),
+        groups: tenant.groups.clone(),
+        tenant,
         key_id: None,
         user: None,
     };

@@ -59,7 +59,12 @@ pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 /// Prometheus text exposition.
-pub async fn metrics() -> impl IntoResponse {
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    // Staleness is read when scraped: it grows with time, not with events.
+    let library = state.library().clone();
+    if let Ok(stale) = tokio::task::spawn_blocking(move || library.stale()).await {
+        metrics::gauge!(osprey_core::metrics::RAG_STALE_COLLECTIONS).set(stale.len() as f64);
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -7,8 +7,10 @@ pub use admin_prompts::valid_name as valid_prompt_name;
 pub mod auto;
 pub mod batches;
 mod chat;
+pub mod collections;
 mod completions;
 pub mod conversations;
+mod embeddings;
 mod health;
 mod memory;
 mod models;
@@ -77,6 +79,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::get))
         .route("/v1/moderations", post(moderations::create))
+        .route("/v1/embeddings", post(embeddings::create))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::edge::authenticate,
@@ -84,6 +87,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
     let files = (batches::routes())
         .merge(conversations::routes())
         .merge(memory::routes())
+        .merge(collections::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::edge::authenticate,
@@ -141,11 +145,12 @@ async fn generate<R: Routed>(
     let tenant = admitted.caller.tenant.clone();
     let level = degrade::level_for(state.degradation().level(), tenant.premium);
     let flags = state.flags(&tenant.name).await;
-    let prompt = path == CHAT_PATH && crate::prompts::named(&body);
+    let mut prompt = path == CHAT_PATH && crate::prompts::named(&body);
     let contextual = path == CHAT_PATH && crate::context::wanted(&body, &flags);
-    // An answer given with a user's context, or a label's prompt version, is not an answer to
-    // the body alone.
-    let recent = (!replay::is_streamed(&body) && !contextual && !prompt)
+    let rag = path == CHAT_PATH && crate::rag::wanted(&body);
+    // An answer given with a user's context, a label's prompt version, or passages retrieved
+    // now is not an answer to the body alone.
+    let recent = (!replay::is_streamed(&body) && !contextual && !prompt && !rag)
         .then(|| replay::key(&tenant.cache_salt, path, "", &body));
     let cached = |why: &'static str| {
         let answer = state.recent().get(recent.as_ref()?)?;
@@ -164,6 +169,17 @@ async fn generate<R: Routed>(
             (screened.body, Some((pipeline, screened.restore, auditor)))
         }
         None => (body, None),
+    };
+    let retrieved = match rag {
+        true => {
+            let pipeline = guarded.as_ref().map(|g| g.0.as_ref());
+            let (with_passages, retrieved) =
+                crate::rag::augment(&state, &admitted.caller, pipeline, &body).await?;
+            body = with_passages;
+            prompt = crate::prompts::named(&body);
+            Some(retrieved)
+        }
+        false => None,
     };
     let applied = match prompt {
         true => {
@@ -309,6 +325,9 @@ async fn generate<R: Routed>(
         noted.conversation = prepared.conversation.clone();
         noted.user = Some(prepared.owner.user.clone());
         noted.injected = std::mem::take(&mut prepared.injected);
+    }
+    if let Some(retrieved) = retrieved {
+        response = retrieved.cite(response).await;
     }
     if let Some(applied) = &applied {
         applied.mark(&mut response);

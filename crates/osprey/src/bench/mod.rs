@@ -8,9 +8,12 @@
 //!   `../shared/BENCHMARKS.md`), several of them interleaved, with ratios.
 //! - `osprey bench guards`: the cost of the safety layer (input pipeline latency, the output
 //!   filter's time per token and hold-back).
+//! - `osprey bench rag`: retrieval quality (MRR@10, Recall@10 per method) and speed (ingest
+//!   chunks/s, query latency at several concurrencies) on a known-item corpus.
 
 mod guards;
 mod model;
+mod rag;
 mod serve;
 
 use clap::Subcommand;
@@ -24,6 +27,8 @@ pub enum BenchCommand {
     Serve(Box<serve::ServeBenchArgs>),
     /// The safety layer's cost: input pipeline latency, output filter per token and hold-back.
     Guards(guards::GuardsBenchArgs),
+    /// Retrieval: MRR@10 and Recall@10 per method, ingest chunks/s, query latency.
+    Rag(rag::RagBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -31,5 +36,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Model(args) => model::run(args),
         BenchCommand::Serve(args) => serve::run(*args),
         BenchCommand::Guards(args) => guards::run(args),
+        BenchCommand::Rag(args) => rag::run(args),
     }
 }
