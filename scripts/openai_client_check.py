@@ -191,4 +191,21 @@ try:
 except openai.NotFoundError as e:
     check("a deleted conversation raises NotFoundError", e.body.get("code") == "not_found", e.body)
 
+# Embeddings: the client asks for base64 by default and decodes it; float must agree.
+sentences = ["How do I reset my password?", "I forgot my password, how can I change it?", "The stock market fell sharply today."]
+b64 = client.embeddings.create(model="all-minilm-l6-v2", input=sentences)
+flt = client.embeddings.create(model="all-minilm-l6-v2", input=sentences, encoding_format="float")
+vecs = [d.embedding for d in b64.data]
+check("embeddings: one 384-d vector per input, in order", [d.index for d in b64.data] == [0, 1, 2] and all(len(v) == 384 for v in vecs))
+check("embeddings: base64 and float agree", all(abs(a - b) < 1e-6 for v, w in zip(vecs, [d.embedding for d in flt.data]) for a, b in zip(v, w)))
+check("embeddings: unit length", all(abs(math.sqrt(sum(x * x for x in v)) - 1) < 1e-4 for v in vecs))
+dot = lambda a, b: sum(x * y for x, y in zip(a, b))
+check("embeddings: paraphrases nearer than another topic", dot(vecs[0], vecs[1]) > dot(vecs[0], vecs[2]) + 0.3, (dot(vecs[0], vecs[1]), dot(vecs[0], vecs[2])))
+check("embeddings: usage counts tokens", b64.usage.prompt_tokens > 10 and b64.usage.total_tokens == b64.usage.prompt_tokens, b64.usage)
+try:
+    client.embeddings.create(model="text-embedding-3-small", input="x")
+    check("an unknown embedding model raises NotFoundError", False)
+except openai.NotFoundError as e:
+    check("an unknown embedding model raises NotFoundError", e.body.get("code") == "model_not_found", e.body)
+
 print("all checks passed")
