@@ -270,19 +270,27 @@ impl Collection {
 
     /// The chunks best matching `query`, best first.
     pub fn search(&self, query: &SearchQuery, embedder: &dyn Embed) -> Result<Vec<Hit>, RagError> {
+        let candidates = self.candidates(query, embedder)?;
+        Ok(crate::search::rank(query, candidates, &|t| self.passages.terms(t)))
+    }
+
+    /// What `query`'s methods find, unranked: each chunk with what each method said of it.
+    pub fn candidates(
+        &self,
+        query: &SearchQuery,
+        embedder: &dyn Embed,
+    ) -> Result<Vec<(Candidate, StoredChunk)>, RagError> {
         self.reload_vectors_if_changed()?;
         let mut candidates: HashMap<DocAddress, Candidate> = HashMap::new();
         let visible = self.passages.visible(&query.visibility);
         let wants_vectors = query.method != Method::Bm25;
-        let query_vector = if wants_vectors || query.rerank {
+        let query_vector = if wants_vectors || query.rerank.is_some() {
             Some(embedder.embed(&query.text).map_err(RagError::Embed)?)
         } else {
             None
         };
         if query.method != Method::Vector {
-            let found = self
-                .passages
-                .bm25(&query.text, CANDIDATES, visible.box_clone())?;
+            let found = self.passages.bm25(&query.text, CANDIDATES, visible.box_clone())?;
             for (rank, (score, address)) in found.into_iter().enumerate() {
                 let c = candidates.entry(address).or_default();
                 (c.bm25_rank, c.bm25) = (Some(rank), score);
@@ -298,7 +306,7 @@ impl Collection {
                 }
             }
         }
-        let mut scored = Vec::with_capacity(candidates.len());
+        let mut found = Vec::with_capacity(candidates.len());
         for (address, mut candidate) in candidates {
             let chunk = self.passages.chunk(address)?;
             if let (Some(q), None) = (&query_vector, candidate.cosine) {
@@ -307,11 +315,14 @@ impl Collection {
                     candidate.cosine = Some(v.iter().zip(q).map(|(a, b)| a * b).sum());
                 }
             }
-            scored.push((candidate, chunk));
+            found.push((candidate, chunk));
         }
-        Ok(crate::search::rank(query, scored, &|t| {
-            self.passages.terms(t)
-        }))
+        Ok(found)
+    }
+
+    /// The index terms of `text` (for reranking candidates outside a search).
+    pub fn terms(&self, text: &str) -> Vec<String> {
+        self.passages.terms(text)
     }
 
     fn current_vectors(&self) -> Arc<Vectors> {

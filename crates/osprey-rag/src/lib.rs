@@ -31,7 +31,7 @@ pub use collection::{Collection, IngestOptions, IngestReport, Meta};
 pub use document::{Document, Format};
 pub use library::Library;
 pub use passages::{EVERYONE, Visibility};
-pub use search::{Hit, Method, SearchQuery};
+pub use search::{Hit, Method, Rerank, SearchQuery};
 
 /// What can go wrong.
 #[derive(Debug, thiserror::Error)]

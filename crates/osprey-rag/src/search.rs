@@ -38,8 +38,8 @@ pub struct SearchQuery {
     pub visibility: Visibility,
     /// How candidates are found.
     pub method: Method,
-    /// Whether the candidates are reranked.
-    pub rerank: bool,
+    /// How the candidates are reranked (`None`: by the method's own score).
+    pub rerank: Option<Rerank>,
     /// One result per document (the best chunk).
     pub group_by_document: bool,
 }
@@ -55,7 +55,7 @@ impl SearchQuery {
                 ..Visibility::default()
             },
             method: Method::Hybrid,
-            rerank: true,
+            rerank: Some(Rerank::DEFAULT),
             group_by_document: true,
         }
     }
@@ -108,11 +108,66 @@ pub struct Hit {
     pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Weights of the reranker's features.
-const W_FUSED: f32 = 1.0;
-const W_COSINE: f32 = 1.0;
-const W_TITLE: f32 = 0.5;
-const W_PAIRS: f32 = 0.5;
+/// The reranker: weights of its features.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rerank {
+    /// The fused score, relative to the best candidate's.
+    pub fused: f32,
+    /// Cosine similarity of the chunk's embedding to the query's.
+    pub cosine: f32,
+    /// The share of the query's terms in the title and headings.
+    pub title: f32,
+    /// The share of the query's adjacent term pairs found in order in the text.
+    pub pairs: f32,
+}
+
+/// What the reranker weighs of one candidate.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Features {
+    /// Its fused score over the best candidate's, 0 to 1.
+    pub fused: f32,
+    /// Cosine similarity of its embedding to the query's (0 when it has none).
+    pub cosine: f32,
+    /// The share of the query's terms in its title and headings.
+    pub title: f32,
+    /// The share of the query's adjacent term pairs found in order in its text.
+    pub pairs: f32,
+}
+
+impl Features {
+    /// The features of `chunk` (found as `candidate`) for a query of `query_terms`, the best
+    /// fused score among the candidates being `best_fused`.
+    pub fn of(
+        query_terms: &[String],
+        candidate: &Candidate,
+        chunk: &StoredChunk,
+        best_fused: f32,
+        terms: &dyn Fn(&str) -> Vec<String>,
+    ) -> Self {
+        let title = terms(&format!("{} {}", chunk.title, chunk.heading));
+        Self {
+            fused: candidate.fused() / best_fused.max(f32::MIN_POSITIVE),
+            cosine: candidate.cosine.unwrap_or_default(),
+            title: coverage(query_terms, &title),
+            pairs: pairs_in_order(query_terms, &terms(&chunk.text)),
+        }
+    }
+}
+
+impl Rerank {
+    /// The score of a candidate with `f`.
+    pub fn score(&self, f: &Features) -> f32 {
+        self.fused * f.fused + self.cosine * f.cosine + self.title * f.title + self.pairs * f.pairs
+    }
+
+    /// The weights in use (how they were chosen: docs/rag.md).
+    pub const DEFAULT: Self = Self {
+        fused: 1.0,
+        cosine: 1.0,
+        title: 0.5,
+        pairs: 0.5,
+    };
+}
 
 /// `candidates` ranked for `query`, cut to `top_k`; `terms` splits text into index terms.
 pub fn rank(
@@ -125,19 +180,13 @@ pub fn rank(
     let mut scored: Vec<(f32, StoredChunk)> = candidates
         .into_iter()
         .map(|(c, chunk)| {
-            let score = if !query.rerank {
-                match query.method {
+            let score = match &query.rerank {
+                None => match query.method {
                     Method::Bm25 => c.bm25,
                     Method::Vector => c.cosine.unwrap_or_default(),
                     Method::Hybrid => c.fused(),
-                }
-            } else {
-                let title = terms(&format!("{} {}", chunk.title, chunk.heading));
-                let body = terms(&chunk.text);
-                W_FUSED * c.fused() / best_fused
-                    + W_COSINE * c.cosine.unwrap_or_default()
-                    + W_TITLE * coverage(&query_terms, &title)
-                    + W_PAIRS * pairs_in_order(&query_terms, &body)
+                },
+                Some(w) => w.score(&Features::of(&query_terms, &c, &chunk, best_fused, terms)),
             };
             (score, chunk)
         })

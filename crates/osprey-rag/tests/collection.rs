@@ -73,7 +73,7 @@ fn every_format_is_read_chunked_and_found() {
     // Each method finds them on its own too.
     for method in [Method::Bm25, Method::Vector] {
         let mut q = SearchQuery::new("drone battery winter storage", 1, vec![]);
-        (q.method, q.rerank) = (method, false);
+        (q.method, q.rerank) = (method, None);
         assert_eq!(
             c.search(&q, &e).unwrap()[0].document_id,
             "battery.pdf",

@@ -143,7 +143,9 @@ pub fn search(args: SearchArgs) -> anyhow::Result<()> {
     let embedder = osprey_engine::Embedder::fetch_default()?;
     let mut query = SearchQuery::new(&args.query, args.top_k, args.groups);
     query.method = args.method;
-    query.rerank = !args.no_rerank;
+    if args.no_rerank {
+        query.rerank = None;
+    }
     let started = Instant::now();
     let hits = collection.search(&query, &embedder)?;
     let took = started.elapsed();

@@ -384,7 +384,9 @@ async fn search_route(
     query.visibility.indexed_after = since;
     query.visibility.documents = documents;
     query.group_by_document = req.group_by_document.unwrap_or(true);
-    query.rerank = req.rerank.unwrap_or(true);
+    if !req.rerank.unwrap_or(true) {
+        query.rerank = None;
+    }
     query.method = req.method.unwrap_or_default();
     let took = std::time::Instant::now();
     let hits = search(&state, &caller, &name, query.clone()).await?;
@@ -408,7 +410,7 @@ async fn search_route(
         "data": data,
         "search": {
             "method": query.method,
-            "rerank": query.rerank,
+            "rerank": query.rerank.is_some(),
             "took_ms": took.elapsed().as_secs_f64() * 1000.0,
         },
     })))

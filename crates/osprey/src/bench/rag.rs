@@ -135,7 +135,10 @@ pub fn run(args: RagBenchArgs) -> anyhow::Result<()> {
 
 fn query(q: &Known, method: Method, rerank: bool) -> SearchQuery {
     let mut query = SearchQuery::new(&q.query, 10, Vec::new());
-    (query.method, query.rerank) = (method, rerank);
+    query.method = method;
+    if !rerank {
+        query.rerank = None;
+    }
     query
 }
 
