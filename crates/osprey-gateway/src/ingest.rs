@@ -64,7 +64,7 @@ struct Job {
 /// The jobs of this server.
 #[derive(Default)]
 pub struct IngestJobs {
-    views: Arc<Mutex<(HashMap<String, JobView>, VecDeque<String>)>>,
+    views: Arc<Views>,
     queue: OnceLock<Mutex<Sender<Job>>>,
 }
 
@@ -167,6 +167,7 @@ impl IngestJobs {
     }
 }
 
+/// The jobs by id, and their ids oldest first (to forget the oldest).
 type Views = Mutex<(HashMap<String, JobView>, VecDeque<String>)>;
 
 fn update(views: &Views, id: &str, change: impl FnOnce(&mut JobView)) {

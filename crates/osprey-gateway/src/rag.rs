@@ -74,7 +74,11 @@ pub async fn search(
             "The embedding model is not available.",
         )
     })?;
-    let rerank = if query.rerank.is_some() { "true" } else { "false" };
+    let rerank = if query.rerank.is_some() {
+        "true"
+    } else {
+        "false"
+    };
     let started = std::time::Instant::now();
     let hits = tokio::task::spawn_blocking(move || collection.search(&query, embedder.as_ref()))
         .await

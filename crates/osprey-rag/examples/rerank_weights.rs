@@ -21,11 +21,17 @@ struct Scored {
 fn mrr(queries: &[&Scored], w: &Rerank) -> f64 {
     let mut total = 0.0;
     for q in queries {
-        let mut ranked: Vec<(f32, &str)> =
-            (q.candidates.iter()).map(|(d, f)| (w.score(f), d.as_str())).collect();
+        let mut ranked: Vec<(f32, &str)> = (q.candidates.iter())
+            .map(|(d, f)| (w.score(f), d.as_str()))
+            .collect();
         ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
         let mut seen = HashSet::new();
-        let docs: Vec<&str> = ranked.into_iter().map(|r| r.1).filter(|d| seen.insert(*d)).take(10).collect();
+        let docs: Vec<&str> = ranked
+            .into_iter()
+            .map(|r| r.1)
+            .filter(|d| seen.insert(*d))
+            .take(10)
+            .collect();
         if let Some(p) = docs.iter().position(|d| *d == q.relevant) {
             total += 1.0 / (p + 1) as f64;
         }
@@ -44,11 +50,22 @@ fn main() {
         let found = collection.candidates(&query, &embedder).unwrap();
         let terms = |t: &str| collection.terms(t);
         let query_terms = terms(&query.text);
-        let best = found.iter().map(|(c, _)| c.fused()).fold(f32::MIN, f32::max);
+        let best = found
+            .iter()
+            .map(|(c, _)| c.fused())
+            .fold(f32::MIN, f32::max);
         let candidates = (found.iter())
-            .map(|(c, chunk)| (chunk.document_id.clone(), Features::of(&query_terms, c, chunk, best, &terms)))
+            .map(|(c, chunk)| {
+                (
+                    chunk.document_id.clone(),
+                    Features::of(&query_terms, c, chunk, best, &terms),
+                )
+            })
             .collect();
-        scored.push(Scored { relevant: v["relevant"][0].as_str().unwrap().to_owned(), candidates });
+        scored.push(Scored {
+            relevant: v["relevant"][0].as_str().unwrap().to_owned(),
+            candidates,
+        });
     }
     let tune: Vec<&Scored> = scored.iter().step_by(2).collect();
     let check: Vec<&Scored> = scored.iter().skip(1).step_by(2).collect();
@@ -58,7 +75,12 @@ fn main() {
         for cosine in grid {
             for title in grid {
                 for pairs in grid {
-                    let w = Rerank { fused, cosine, title, pairs };
+                    let w = Rerank {
+                        fused,
+                        cosine,
+                        title,
+                        pairs,
+                    };
                     let m = mrr(&tune, &w);
                     if m > best.0 {
                         best = (m, w);
@@ -67,8 +89,21 @@ fn main() {
             }
         }
     }
-    let fused_only = Rerank { fused: 1.0, cosine: 0.0, title: 0.0, pairs: 0.0 };
-    for (name, w) in [("fusion alone", fused_only), ("default", Rerank::DEFAULT), ("best on tune", best.1)] {
-        println!("{name:>14}: {w:?}  MRR@10 tune {:.3}  check {:.3}", mrr(&tune, &w), mrr(&check, &w));
+    let fused_only = Rerank {
+        fused: 1.0,
+        cosine: 0.0,
+        title: 0.0,
+        pairs: 0.0,
+    };
+    for (name, w) in [
+        ("fusion alone", fused_only),
+        ("default", Rerank::DEFAULT),
+        ("best on tune", best.1),
+    ] {
+        println!(
+            "{name:>14}: {w:?}  MRR@10 tune {:.3}  check {:.3}",
+            mrr(&tune, &w),
+            mrr(&check, &w)
+        );
     }
 }

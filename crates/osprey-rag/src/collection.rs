@@ -271,7 +271,9 @@ impl Collection {
     /// The chunks best matching `query`, best first.
     pub fn search(&self, query: &SearchQuery, embedder: &dyn Embed) -> Result<Vec<Hit>, RagError> {
         let candidates = self.candidates(query, embedder)?;
-        Ok(crate::search::rank(query, candidates, &|t| self.passages.terms(t)))
+        Ok(crate::search::rank(query, candidates, &|t| {
+            self.passages.terms(t)
+        }))
     }
 
     /// What `query`'s methods find, unranked: each chunk with what each method said of it.
@@ -290,7 +292,9 @@ impl Collection {
             None
         };
         if query.method != Method::Vector {
-            let found = self.passages.bm25(&query.text, CANDIDATES, visible.box_clone())?;
+            let found = self
+                .passages
+                .bm25(&query.text, CANDIDATES, visible.box_clone())?;
             for (rank, (score, address)) in found.into_iter().enumerate() {
                 let c = candidates.entry(address).or_default();
                 (c.bm25_rank, c.bm25) = (Some(rank), score);
