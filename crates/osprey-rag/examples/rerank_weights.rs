@@ -16,6 +16,31 @@ struct Scored {
     relevant: String,
     /// (document id, features), one per candidate chunk.
     candidates: Vec<(String, Features)>,
+    /// (document id, BM25 rank, vector rank), one per candidate chunk.
+    ranks: Vec<(String, Option<usize>, Option<usize>)>,
+}
+
+/// MRR@10 of fusion alone: BM25 weight 1, vectors `vector_weight`, constant `k`.
+fn fusion_mrr(queries: &[&Scored], k: f32, vector_weight: f32) -> f64 {
+    let rrf = |r: Option<usize>| r.map_or(0.0, |r| 1.0 / (k + r as f32 + 1.0));
+    let mut total = 0.0;
+    for q in queries {
+        let mut ranked: Vec<(f32, &str)> = (q.ranks.iter())
+            .map(|(d, b, v)| (rrf(*b) + vector_weight * rrf(*v), d.as_str()))
+            .collect();
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut seen = HashSet::new();
+        let docs: Vec<&str> = ranked
+            .into_iter()
+            .map(|r| r.1)
+            .filter(|d| seen.insert(*d))
+            .take(10)
+            .collect();
+        if let Some(p) = docs.iter().position(|d| *d == q.relevant) {
+            total += 1.0 / (p + 1) as f64;
+        }
+    }
+    total / queries.len() as f64
 }
 
 fn mrr(queries: &[&Scored], w: &Rerank) -> f64 {
@@ -62,13 +87,27 @@ fn main() {
                 )
             })
             .collect();
+        let ranks = (found.iter())
+            .map(|(c, chunk)| (chunk.document_id.clone(), c.bm25_rank, c.vector_rank))
+            .collect();
+        let relevant = v["relevant"][0].as_str().unwrap().to_owned();
         scored.push(Scored {
-            relevant: v["relevant"][0].as_str().unwrap().to_owned(),
+            relevant,
             candidates,
+            ranks,
         });
     }
     let tune: Vec<&Scored> = scored.iter().step_by(2).collect();
     let check: Vec<&Scored> = scored.iter().skip(1).step_by(2).collect();
+    for k in [10.0, 30.0, 60.0] {
+        for vector_weight in [1.0, 1.5, 2.0, 3.0, 4.0] {
+            println!(
+                "fusion k {k} vector weight {vector_weight}: MRR@10 tune {:.3}  check {:.3}",
+                fusion_mrr(&tune, k, vector_weight),
+                fusion_mrr(&check, k, vector_weight)
+            );
+        }
+    }
     let grid = [0.0, 0.25, 0.5, 1.0, 2.0];
     let mut best = (0.0, Rerank::DEFAULT);
     for fused in grid {

@@ -209,7 +209,8 @@ impl Collection {
         // The order that keeps a crash harmless: ids, vectors, then the text index.
         write_meta(&self.dir, &meta)?;
         let dumped = if report.chunks > 0 {
-            Some(vectors.dump(&self.dir, "vectors")?)
+            // A fresh name each time: the dump in use stays whole until the new one is.
+            Some(vectors.dump(&self.dir, &format!("vectors-{}", meta.next_vector_id))?)
         } else {
             None
         };
@@ -222,7 +223,9 @@ impl Collection {
         self.passages.refresh()?;
         if let Some(name) = dumped {
             let old = std::mem::replace(&mut self.vectors.write().expect("not poisoned").0, name);
-            remove_dump(&self.dir, &old);
+            if old != self.vectors.read().expect("not poisoned").0 {
+                remove_dump(&self.dir, &old);
+            }
         }
         Ok(report)
     }

@@ -194,18 +194,7 @@ impl Passages {
     /// return.
     pub fn vector_ids(&self, filter: &dyn Query) -> Result<Vec<usize>, RagError> {
         let searcher = self.reader.searcher();
-        let matched = searcher
-            .search(filter, &DocSetCollector)
-            .map_err(index_error)?;
-        let columns: Vec<_> = (searcher.segment_readers().iter())
-            .map(|s| s.fast_fields().u64("vector_id"))
-            .collect::<Result<_, _>>()
-            .map_err(index_error)?;
-        let mut ids: Vec<usize> = matched
-            .into_iter()
-            .filter_map(|a| columns[a.segment_ord as usize].first(a.doc_id))
-            .map(|id| id as usize)
-            .collect();
+        let mut ids = searcher.search(filter, &VectorIds).map_err(index_error)?;
         ids.sort_unstable();
         Ok(ids)
     }
@@ -337,4 +326,50 @@ impl Passages {
 /// A tantivy error, as ours.
 pub fn index_error(e: impl std::fmt::Display) -> RagError {
     RagError::Index(e.to_string())
+}
+
+/// Collects the `vector_id` fast field of every matching chunk (read straight from the
+/// column, no document set in between).
+struct VectorIds;
+
+struct SegmentVectorIds {
+    column: tantivy::columnar::Column<u64>,
+    ids: Vec<usize>,
+}
+
+impl tantivy::collector::Collector for VectorIds {
+    type Fruit = Vec<usize>;
+    type Child = SegmentVectorIds;
+
+    fn for_segment(
+        &self,
+        _: tantivy::SegmentOrdinal,
+        segment: &tantivy::SegmentReader,
+    ) -> tantivy::Result<SegmentVectorIds> {
+        Ok(SegmentVectorIds {
+            column: segment.fast_fields().u64("vector_id")?,
+            ids: Vec::new(),
+        })
+    }
+
+    fn requires_scoring(&self) -> bool {
+        false
+    }
+
+    fn merge_fruits(&self, fruits: Vec<Vec<usize>>) -> tantivy::Result<Vec<usize>> {
+        Ok(fruits.concat())
+    }
+}
+
+impl tantivy::collector::SegmentCollector for SegmentVectorIds {
+    type Fruit = Vec<usize>;
+
+    fn collect(&mut self, doc: tantivy::DocId, _: tantivy::Score) {
+        self.ids
+            .extend(self.column.first(doc).map(|id| id as usize));
+    }
+
+    fn harvest(self) -> Vec<usize> {
+        self.ids
+    }
 }

@@ -75,13 +75,15 @@ pub struct Candidate {
 }
 
 /// The constant of reciprocal rank fusion: a rank `r` (from 1) scores `1 / (K + r)`.
-const RRF_K: f32 = 60.0;
+const RRF_K: f32 = 10.0;
+/// How much more a vector rank counts than a BM25 rank in the fusion.
+const VECTOR_WEIGHT: f32 = 3.0;
 
 impl Candidate {
     /// Its reciprocal-rank-fusion score.
     pub fn fused(&self) -> f32 {
         let rrf = |rank: Option<usize>| rank.map_or(0.0, |r| 1.0 / (RRF_K + r as f32 + 1.0));
-        rrf(self.bm25_rank) + rrf(self.vector_rank)
+        rrf(self.bm25_rank) + VECTOR_WEIGHT * rrf(self.vector_rank)
     }
 }
 
@@ -162,10 +164,10 @@ impl Rerank {
 
     /// The weights in use (how they were chosen: docs/rag.md).
     pub const DEFAULT: Self = Self {
-        fused: 1.0,
+        fused: 0.0,
         cosine: 1.0,
         title: 0.5,
-        pairs: 0.5,
+        pairs: 0.25,
     };
 }
 
