@@ -20,47 +20,44 @@ struct Scored {
     ranks: Vec<(String, Option<usize>, Option<usize>)>,
 }
 
+/// The reciprocal rank of `relevant` among the first 10 documents of `ranked` (scored chunks).
+fn reciprocal_rank(mut ranked: Vec<(f32, &str)>, relevant: &str) -> f64 {
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut seen = HashSet::new();
+    let docs = ranked
+        .into_iter()
+        .map(|r| r.1)
+        .filter(|d| seen.insert(*d))
+        .take(10);
+    docs.zip(1..)
+        .find(|(d, _)| *d == relevant)
+        .map_or(0.0, |(_, rank)| 1.0 / f64::from(rank))
+}
+
 /// MRR@10 of fusion alone: BM25 weight 1, vectors `vector_weight`, constant `k`.
 fn fusion_mrr(queries: &[&Scored], k: f32, vector_weight: f32) -> f64 {
     let rrf = |r: Option<usize>| r.map_or(0.0, |r| 1.0 / (k + r as f32 + 1.0));
-    let mut total = 0.0;
-    for q in queries {
-        let mut ranked: Vec<(f32, &str)> = (q.ranks.iter())
-            .map(|(d, b, v)| (rrf(*b) + vector_weight * rrf(*v), d.as_str()))
-            .collect();
-        ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let mut seen = HashSet::new();
-        let docs: Vec<&str> = ranked
-            .into_iter()
-            .map(|r| r.1)
-            .filter(|d| seen.insert(*d))
-            .take(10)
-            .collect();
-        if let Some(p) = docs.iter().position(|d| *d == q.relevant) {
-            total += 1.0 / (p + 1) as f64;
-        }
-    }
+    let total: f64 = (queries.iter())
+        .map(|q| {
+            let ranked = (q.ranks.iter())
+                .map(|(d, b, v)| (rrf(*b) + vector_weight * rrf(*v), d.as_str()))
+                .collect();
+            reciprocal_rank(ranked, &q.relevant)
+        })
+        .sum();
     total / queries.len() as f64
 }
 
+/// MRR@10 of the reranker with weights `w`.
 fn mrr(queries: &[&Scored], w: &Rerank) -> f64 {
-    let mut total = 0.0;
-    for q in queries {
-        let mut ranked: Vec<(f32, &str)> = (q.candidates.iter())
-            .map(|(d, f)| (w.score(f), d.as_str()))
-            .collect();
-        ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let mut seen = HashSet::new();
-        let docs: Vec<&str> = ranked
-            .into_iter()
-            .map(|r| r.1)
-            .filter(|d| seen.insert(*d))
-            .take(10)
-            .collect();
-        if let Some(p) = docs.iter().position(|d| *d == q.relevant) {
-            total += 1.0 / (p + 1) as f64;
-        }
-    }
+    let total: f64 = (queries.iter())
+        .map(|q| {
+            let ranked = (q.candidates.iter())
+                .map(|(d, f)| (w.score(f), d.as_str()))
+                .collect();
+            reciprocal_rank(ranked, &q.relevant)
+        })
+        .sum();
     total / queries.len() as f64
 }
 
