@@ -134,16 +134,12 @@ impl Collection {
         } else {
             options.acl.iter().map(String::as_str).collect()
         };
-        let may_replace = |old: &StoredChunk| match &options.writer_groups {
-            None => true,
-            Some(groups) => old.acl.iter().any(|g| g == EVERYONE || groups.contains(g)),
-        };
         let mut report = IngestReport::default();
         let now = now_ms();
         for document in documents {
             let hash = content_hash(document, &acl);
             match self.passages.first_chunk_of(&document.id)? {
-                Some(old) if !may_replace(&old) => {
+                Some(old) if !readable(&old, options.writer_groups.as_deref()) => {
                     report.refused += 1;
                     progress(0);
                     continue;
@@ -234,15 +230,7 @@ impl Collection {
     /// was there for them.
     pub fn delete_document(&self, id: &str, groups: Option<&[String]>) -> Result<bool, RagError> {
         let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        let visible = |old: &StoredChunk| match groups {
-            None => true,
-            Some(groups) => old.acl.iter().any(|g| g == EVERYONE || groups.contains(g)),
-        };
-        if !self
-            .passages
-            .first_chunk_of(id)?
-            .is_some_and(|c| visible(&c))
-        {
+        if !(self.passages.first_chunk_of(id)?).is_some_and(|c| readable(&c, groups)) {
             return Ok(false);
         }
         let mut writer = self.passages.writer()?;
@@ -348,6 +336,11 @@ impl Collection {
         *self.vectors.write().expect("not poisoned") = (meta.vectors, Arc::new(vectors));
         Ok(())
     }
+}
+
+/// Whether members of `groups` (`None`: the operator) may read `chunk`.
+fn readable(chunk: &StoredChunk, groups: Option<&[String]>) -> bool {
+    groups.is_none_or(|groups| (chunk.acl.iter()).any(|g| g == EVERYONE || groups.contains(g)))
 }
 
 /// The vectors `meta` names; rebuilt from the embeddings the text index keeps if the dump is

@@ -115,15 +115,7 @@ async fn create_key(
     if req.tenant.trim().is_empty() {
         return Err(Error::invalid("tenant", "`tenant` must not be empty.").into());
     }
-    if let Some(bad) = req
-        .groups
-        .iter()
-        .find(|g| !crate::routes::collections::valid_group(g))
-    {
-        let why =
-            format!("{bad:?} is not a group name (1 to 64 letters, digits, '-', '_', '.' or ':')");
-        return Err(Error::invalid("groups", why).into());
-    }
+    crate::routes::collections::check_groups(&req.groups, "groups")?;
     for (field, v) in [("rpm", req.rpm), ("tpm", req.tpm)] {
         if v.is_some_and(|v| v < 1) {
             return Err(Error::invalid(field, format!("`{field}` must be at least 1.")).into());

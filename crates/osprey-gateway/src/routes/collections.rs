@@ -54,11 +54,20 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/collections/{name}/search", post(search_route))
 }
 
-/// Whether `group` can name an ACL group.
-pub fn valid_group(group: &str) -> bool {
-    (1..=64).contains(&group.len())
-        && group != osprey_rag::EVERYONE
-        && (group.chars()).all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+/// An error naming (as `param`) the first of `groups` that cannot name an ACL group.
+pub fn check_groups(groups: &[String], param: &str) -> Result<(), Error> {
+    let valid = |g: &&String| {
+        (1..=64).contains(&g.len())
+            && g.as_str() != osprey_rag::EVERYONE
+            && (g.chars()).all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+    };
+    match groups.iter().find(|g| !valid(g)) {
+        Some(bad) => Err(Error::invalid(
+            param,
+            format!("{bad:?} is not a group name (1 to 64 letters, digits, '-', '_', '.' or ':')"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A document posted as JSON: a record (`id`, `text`) or a file (`filename` with `content`,
@@ -114,11 +123,7 @@ async fn add_documents(
         let why = format!("post 1 to {MAX_DOCUMENTS} documents at a time");
         return Err(Error::invalid("documents", why).into());
     }
-    if let Some(bad) = acl.iter().find(|g| !valid_group(g)) {
-        let why =
-            format!("{bad:?} is not a group name (1 to 64 letters, digits, '-', '_', '.' or ':')");
-        return Err(Error::invalid("acl", why).into());
-    }
+    check_groups(&acl, "acl")?;
     let collection = collection(&state, &caller, &name, true).await?;
     if interval.is_some() {
         collection
