@@ -4,6 +4,7 @@
 Usage: python openai_client_check.py BASE_URL   (e.g. http://127.0.0.1:8080/v1)
 Exits non-zero, naming the failed check, if anything is not as OpenAI's API promises.
 """
+import json
 import math
 import sys
 
@@ -207,5 +208,64 @@ try:
     check("an unknown embedding model raises NotFoundError", False)
 except openai.NotFoundError as e:
     check("an unknown embedding model raises NotFoundError", e.body.get("code") == "model_not_found", e.body)
+
+# Structured output: the client's own parse() with a pydantic model (a strict JSON schema).
+from pydantic import BaseModel
+
+
+class City(BaseModel):
+    city: str
+    country: str
+    population_millions: float
+
+
+parsed = client.chat.completions.parse(
+    model=model, response_format=City, max_tokens=120, temperature=0,
+    messages=[{"role": "user", "content": "Tell me about the capital of Japan."}])
+check("parse: the answer is the pydantic model", isinstance(parsed.choices[0].message.parsed, City), parsed)
+
+# Tools: a required call whose arguments fit the function, then its result sent back.
+weather = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"], "additionalProperties": False}}}
+messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+first = client.chat.completions.create(model=model, messages=messages, tools=[weather],
+                                       tool_choice="required", max_tokens=80, temperature=0)
+calls = first.choices[0].message.tool_calls or []
+check("tools: a call of the function", len(calls) >= 1 and calls[0].function.name == "get_weather"
+      and first.choices[0].finish_reason == "tool_calls", first)
+args = json.loads(calls[0].function.arguments)
+check("tools: arguments fit the schema", isinstance(args.get("city"), str) and set(args) == {"city"}, args)
+messages += [first.choices[0].message, {"role": "tool", "tool_call_id": calls[0].id, "content": "18C and sunny"}]
+second = client.chat.completions.create(model=model, messages=messages, tools=[weather], tool_choice="none",
+                                        max_tokens=40, temperature=0)
+check("tools: the result goes back and the model answers", bool(second.choices[0].message.content)
+      and not second.choices[0].message.tool_calls, second)
+
+streamed = {}
+for chunk in client.chat.completions.create(model=model, messages=messages[:1], tools=[weather],
+                                            tool_choice="required", max_tokens=80, temperature=0, stream=True):
+    for d in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+        call = streamed.setdefault(d.index, {"name": "", "arguments": ""})
+        call["name"] += d.function.name or ""
+        call["arguments"] += d.function.arguments or ""
+check("tools: streamed calls add up to the whole one",
+      streamed.get(0, {}).get("name") == "get_weather" and json.loads(streamed[0]["arguments"]) == args, streamed)
+
+city_tool = openai.pydantic_function_tool(City, name="record_city")
+parsed = client.chat.completions.parse(model=model, tools=[city_tool], tool_choice="required", max_tokens=120,
+                                       temperature=0, messages=[{"role": "user", "content": "Record Lisbon."}])
+check("tools: parse() gives the pydantic arguments",
+      isinstance(parsed.choices[0].message.tool_calls[0].function.parsed_arguments, City), parsed)
+
+# The Responses API: an agent run with a built-in tool.
+run = client.responses.create(model=model, input="What is 1234 times 5678?",
+                              tools=[{"type": "calculator"}], tool_choice="required")
+kinds = [item.type for item in run.output]
+check("responses: the run called the calculator and read its result",
+      "function_call" in kinds and "function_call_output" in kinds and run.status in ("completed", "incomplete"), run)
+again = client.responses.retrieve(run.id)
+check("responses: the run is stored", again.id == run.id and len(again.output) == len(run.output), again)
 
 print("all checks passed")

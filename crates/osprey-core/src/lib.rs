@@ -3,6 +3,7 @@
 //! - [`api`]: the OpenAI wire format (requests, responses, stream chunks, the error envelope),
 //!   lenient where OpenAI is (unknown fields are ignored) and precise in its error messages;
 //! - [`sampling`]: [`SamplingParams`], the validated form of a request's decoding options;
+//! - [`grammar`]: [`Grammar`], the structure an output must follow (JSON schema, regex, Lark);
 //! - [`error`]: [`Error`], the error contract: every failure is a kind plus a message a person
 //!   understands; only the gateway turns a kind into an HTTP status.
 //!
@@ -18,8 +19,10 @@
 
 pub mod api;
 pub mod error;
+pub mod grammar;
 pub mod metrics;
 pub mod sampling;
 
 pub use error::{Error, ErrorKind};
+pub use grammar::Grammar;
 pub use sampling::{FinishReason, Priority, SamplingParams};

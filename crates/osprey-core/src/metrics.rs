@@ -114,3 +114,11 @@ pub const RAG_STALE_COLLECTIONS: &str = "osprey_rag_stale_collections";
 pub const REPLAYED: &str = "osprey_requests_replayed_total";
 /// Counter: answers served from the recent answers, by why (`degraded`, `fallback`).
 pub const CACHED_ANSWERS: &str = "osprey_cached_answers_served_total";
+/// Agent run steps taken, by kind (`decide`, `act`, `observe`, `approval`, `finish`).
+pub const AGENT_STEPS: &str = "osprey_agent_steps_total";
+/// Agent runs that ended or paused, by status.
+pub const AGENT_RUNS: &str = "osprey_agent_runs_total";
+/// Tool calls, by tool (built-in, `mcp:SERVER` or `other`) and verdict.
+pub const TOOL_CALLS: &str = "osprey_tool_calls_total";
+/// Requests decoded under a grammar (structured output, tools), by source.
+pub const CONSTRAINED_REQUESTS: &str = "osprey_constrained_requests_total";

@@ -77,6 +77,8 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` or the context window was reached.
     Length,
+    /// The answer ended with tool calls.
+    ToolCalls,
 }
 
 /// How urgently a request wants its tokens. Interactive requests are admitted first and their

@@ -1,9 +1,9 @@
 //! The engine handle: loads a model, validates requests, queues them for the engine thread.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
 
 use osprey_core::{Error, ErrorKind};
 use osprey_models::{GgufFile, KvCache, LlamaModel, ModelError};
@@ -14,6 +14,7 @@ use crate::kv_events::KvEventLog;
 use crate::prompter::Prompter;
 use crate::request::{EventReceiver, GenerateRequest, ValidRequest};
 use crate::scheduler::SchedulerConfig;
+use crate::structured::GrammarCompiler;
 use crate::tokenizer::Tokenizer;
 
 /// How the engine is sized and scheduled.
@@ -134,6 +135,8 @@ impl EngineStats {
 
 struct Shared {
     commands: mpsc::Sender<Command>,
+    /// Built on the first request with a grammar (it takes a walk over the whole vocabulary).
+    grammars: OnceLock<Result<GrammarCompiler, String>>,
     stats: Arc<EngineStats>,
     prompter: Prompter,
     kv_events: Arc<KvEventLog>,
@@ -216,6 +219,7 @@ impl Engine {
         Ok(Self {
             shared: Arc::new(Shared {
                 commands: tx,
+                grammars: OnceLock::new(),
                 stats,
                 prompter,
                 kv_events,
@@ -305,7 +309,23 @@ impl Engine {
             );
             return Err(Error::invalid("max_tokens", message).with_code("context_length_exceeded"));
         }
-        Ok(ValidRequest(request))
+        let constraint = match &request.grammar {
+            Some(grammar) => Some(self.grammars()?.compile(grammar)?),
+            None => None,
+        };
+        Ok(ValidRequest {
+            request,
+            constraint,
+        })
+    }
+
+    /// The grammar compiler of this model's vocabulary, built on first use.
+    pub fn grammars(&self) -> Result<&GrammarCompiler, Error> {
+        let shared = &self.shared;
+        let built = shared.grammars.get_or_init(|| {
+            GrammarCompiler::new(shared.prompter.tokenizer()).map_err(|e| e.message)
+        });
+        built.as_ref().map_err(|e| Error::internal(e.clone()))
     }
 
     /// Queues a request; its events arrive on the returned receiver, and dropping the receiver

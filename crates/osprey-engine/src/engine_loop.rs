@@ -17,6 +17,7 @@ use crate::request::{EventSender, SeqEvent, ValidRequest};
 use crate::sampler::{Sampled, Sampler, TokenLogprob, log_sum_exp, top_n};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::sequence::Sequence;
+use crate::structured::{Constraint, SimpleVob};
 
 /// Messages from request handlers to the engine thread.
 pub enum Command {
@@ -101,9 +102,12 @@ impl EngineLoop {
         }
     }
 
-    fn accept(&mut self, Command::Add(req, events): Command) {
+    fn accept(&mut self, Command::Add(valid, events): Command) {
         self.stats.queued.fetch_sub(1, Ordering::Relaxed);
-        let req = req.0;
+        let ValidRequest {
+            request: req,
+            constraint,
+        } = *valid;
         let end_tokens = if req.params.ignore_eos {
             Vec::new()
         } else {
@@ -116,6 +120,7 @@ impl EngineLoop {
             id: self.next_id,
             prompt_len: req.prompt.len(),
             sampler: Sampler::new(req.params, req.seed, &req.prompt, enders),
+            constraint,
             tokens: req.prompt,
             num_computed: 0,
             block_table: BlockTable::new(self.kv_manager.clone(), &req.cache_salt),
@@ -138,6 +143,19 @@ impl EngineLoop {
         }
         if plan.scheduled.is_empty() {
             return;
+        }
+
+        // The grammar states of the sequences that sample this step, taken out so that their
+        // masks can be computed on a thread of their own while the forward pass runs.
+        let mut constrained: Vec<(usize, Constraint)> = Vec::new();
+        let running = self.scheduler.running_mut();
+        for (k, s) in plan.scheduled.iter().enumerate() {
+            let seq = &mut running[s.index];
+            if samples(seq, s.n_tokens)
+                && let Some(c) = seq.constraint.take()
+            {
+                constrained.push((k, c));
+            }
         }
 
         // The batch: each scheduled sequence's next tokens, and which logits it needs.
@@ -167,7 +185,28 @@ impl EngineLoop {
             tokens: &tokens,
             seqs: &seqs,
         };
-        let logits = self.pool.install(|| model.forward(&batch, kv, scratch));
+        let pool = &self.pool;
+        let (logits, computed) = std::thread::scope(|scope| {
+            let masks = (!constrained.is_empty()).then(|| {
+                scope.spawn(move || {
+                    (constrained.into_iter())
+                        .map(|(k, mut c)| {
+                            let mask = c.allowed();
+                            (k, c, mask)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            });
+            let logits = pool.install(|| model.forward(&batch, kv, scratch));
+            // The grammar code catches its own panics; a thread that still died loses its
+            // sequences' states, which then fail below.
+            (logits, masks.map(|m| m.join().unwrap_or_default()))
+        });
+        let mut masks: Vec<Option<(Constraint, Result<SimpleVob, Error>)>> =
+            (0..plan.scheduled.len()).map(|_| None).collect();
+        for (k, c, mask) in computed.into_iter().flatten() {
+            masks[k] = Some((c, mask));
+        }
         metrics::histogram!(names::BATCH_TOKENS).record(tokens.len() as f64);
         metrics::histogram!(names::BATCH_SEQUENCES).record(seqs.len() as f64);
         let kinds: Vec<LogitsWanted> = seqs.iter().map(|s| s.logits).collect();
@@ -176,9 +215,9 @@ impl EngineLoop {
         let vocab = self.model.config().vocab_size;
         let mut rest: &mut [f32] = logits;
         let mut work = Vec::with_capacity(plan.scheduled.len());
-        let mut next = plan.scheduled.iter().zip(&kinds).peekable();
+        let mut next = plan.scheduled.iter().zip(&kinds).zip(&masks).peekable();
         for (index, seq) in self.scheduler.running_mut().iter_mut().enumerate() {
-            let Some(&(s, &kind)) = next.peek() else {
+            let Some(&((s, &kind), mask)) = next.peek() else {
                 break;
             };
             if s.index != index {
@@ -196,13 +235,17 @@ impl EngineLoop {
                 .map(|q| (q > 0).then(|| (seq.tokens[q], q - 1 - seq.num_computed)))
                 .collect();
             let top = seq.sampler.params().logprobs.unwrap_or(0);
-            let completes = seq.num_computed + s.n_tokens == seq.tokens.len();
-            let samples = completes && seq.sampler.params().max_tokens > 0;
+            let sampling = samples(seq, s.n_tokens);
+            let mask = match mask {
+                Some((_, Ok(mask))) => Some(mask),
+                _ => None,
+            };
             work.push(StepWork {
                 rows,
                 targets,
                 top,
-                sampler: samples.then_some(&mut seq.sampler),
+                mask,
+                sampler: sampling.then_some(&mut seq.sampler),
             });
         }
         let results: Vec<StepResult> = self
@@ -211,8 +254,20 @@ impl EngineLoop {
 
         // Apply results in order: advance, cache full blocks, report, end what is done.
         let running = self.scheduler.running_mut();
-        for (s, result) in plan.scheduled.iter().zip(results) {
+        for ((s, result), mask) in plan.scheduled.iter().zip(results).zip(masks) {
             let seq = &mut running[s.index];
+            let mut constraint = None;
+            match mask {
+                Some((c, Ok(_))) => constraint = Some(c),
+                Some((_, Err(e))) => {
+                    // The sequence's stream ends with this error; the `Finished` sent when it
+                    // is taken out below comes after the end and is not read.
+                    seq.send(SeqEvent::Failed(e));
+                    seq.finish = Some(FinishReason::Stop);
+                    continue;
+                }
+                None => {}
+            }
             let reported = prompt_positions(seq, s.n_tokens);
             seq.num_computed += s.n_tokens;
             seq.block_table.commit(&seq.tokens, seq.num_computed);
@@ -232,7 +287,21 @@ impl EngineLoop {
                 }
                 seq.send(SeqEvent::Token(sampled));
                 seq.finish = seq.push_token(id);
+                if let Some(c) = constraint.as_mut() {
+                    match c.advance(id) {
+                        // Complete: nothing else may follow, so the answer ends here.
+                        Ok(()) if c.is_complete() => {
+                            seq.finish.get_or_insert(FinishReason::Stop);
+                        }
+                        Ok(()) => {}
+                        Err(e) => {
+                            seq.send(SeqEvent::Failed(e));
+                            seq.finish = Some(FinishReason::Stop);
+                        }
+                    }
+                }
             }
+            seq.constraint = constraint.or(seq.constraint.take());
         }
         for seq in self.scheduler.take_running(|s| s.finish.is_some()) {
             seq.send(SeqEvent::Finished(seq.finish.unwrap_or(FinishReason::Stop)));
@@ -284,6 +353,12 @@ fn prompt_positions(seq: &Sequence, n: usize) -> std::ops::Range<usize> {
     }
 }
 
+/// Whether `seq` samples a token after computing `n` more: its prompt is then complete and it
+/// is to generate.
+fn samples(seq: &Sequence, n: usize) -> bool {
+    seq.num_computed + n == seq.tokens.len() && seq.sampler.params().max_tokens > 0
+}
+
 /// One sequence's post-forward work: score its prompt positions and sample.
 struct StepWork<'a> {
     rows: &'a mut [f32],
@@ -291,6 +366,8 @@ struct StepWork<'a> {
     /// position 0).
     targets: Vec<Option<(u32, usize)>>,
     top: usize,
+    /// The tokens its grammar allows, if it has one.
+    mask: Option<&'a SimpleVob>,
     sampler: Option<&'a mut Sampler>,
 }
 
@@ -319,7 +396,7 @@ impl StepWork<'_> {
             .collect();
         let sampled = self.sampler.map(|s| {
             let last = self.rows.len() - vocab;
-            s.sample(&mut self.rows[last..])
+            s.sample(&mut self.rows[last..], self.mask)
         });
         StepResult {
             prompt_logprobs,

@@ -22,7 +22,9 @@
 //!
 //! Text concerns live here too: the [`tokenizer::Tokenizer`] and [`chat_template::ChatTemplate`]
 //! built from the model file (together a [`Prompter`], which loads without the weights), and the streaming [`detokenizer`] that never emits half a UTF-8
-//! character or part of a stop string ([`output::Generation`]). The prefix cache's contents are
+//! character or part of a stop string ([`output::Generation`]). A request may carry a
+//! [`osprey_core::Grammar`] (JSON schema, regex, Lark): [`structured`] compiles it with
+//! llguidance and the engine masks each step's logits with it, so the output always parses. The prefix cache's contents are
 //! published as [`kv_events`], for routers that send each request where its prefix is cached.
 #![deny(missing_docs)]
 
@@ -39,7 +41,9 @@ pub mod request;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
+pub mod structured;
 pub mod tokenizer;
+pub mod tools;
 
 pub use chat_template::{ChatTemplate, TemplateMessage};
 pub use embedder::Embedder;
@@ -50,4 +54,5 @@ pub use prompter::Prompter;
 pub use request::{GenerateRequest, SeqEvent, ValidRequest};
 pub use sampler::{Sampled, TokenLogprob};
 pub use scheduler::{SchedulerConfig, SchedulingPolicy};
+pub use structured::{Constraint, GrammarCompiler};
 pub use tokenizer::Tokenizer;

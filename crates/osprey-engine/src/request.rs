@@ -1,8 +1,9 @@
 //! What crosses between request handlers and the engine thread.
 
-use osprey_core::{Error, FinishReason, Priority, SamplingParams};
+use osprey_core::{Error, FinishReason, Grammar, Priority, SamplingParams};
 
 use crate::sampler::{Sampled, TokenLogprob};
+use crate::structured::Constraint;
 
 /// A request for one sequence, before it is checked against the model.
 #[derive(Clone, Debug)]
@@ -19,6 +20,8 @@ pub struct GenerateRequest {
     pub priority: Priority,
     /// Separates prefix-cache entries: sequences share cached KV only with the same salt.
     pub cache_salt: String,
+    /// The structure the output must follow, enforced token by token.
+    pub grammar: Option<Grammar>,
 }
 
 impl GenerateRequest {
@@ -31,20 +34,32 @@ impl GenerateRequest {
             seed: 0,
             priority: Priority::Interactive,
             cache_salt: String::new(),
+            grammar: None,
         }
     }
 }
 
 /// A request checked against the model: token ids inside the vocabulary, prompt and
-/// `max_tokens` inside the context window. Only [`Engine::validate`](crate::Engine::validate)
-/// makes one.
-#[derive(Clone, Debug)]
-pub struct ValidRequest(pub(crate) GenerateRequest);
+/// `max_tokens` inside the context window, its grammar compiled. Only
+/// [`Engine::validate`](crate::Engine::validate) makes one.
+#[derive(Clone)]
+pub struct ValidRequest {
+    pub(crate) request: GenerateRequest,
+    pub(crate) constraint: Option<Constraint>,
+}
 
 impl ValidRequest {
     /// The checked request.
     pub fn request(&self) -> &GenerateRequest {
-        &self.0
+        &self.request
+    }
+
+    /// The same request with another sampler seed (another choice of `n`): checked and
+    /// compiled once, run as often as wanted.
+    pub fn with_seed(&self, seed: u64) -> Self {
+        let mut copy = self.clone();
+        copy.request.seed = seed;
+        copy
     }
 }
 

@@ -6,6 +6,8 @@ use osprey_core::SamplingParams;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::structured::{SimpleVob, apply_mask};
+
 /// A token's log-probability and the most likely alternatives at its position.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprob {
@@ -63,8 +65,10 @@ impl Sampler {
         &self.params
     }
 
-    /// Picks the next token from `logits` (modified in place) and records it.
-    pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
+    /// Picks the next token from `logits` (modified in place) and records it. With `allowed`
+    /// (a grammar's mask), only those tokens can be chosen, and the grammar, not
+    /// `min_tokens`, decides when the end may come.
+    pub fn sample(&mut self, logits: &mut [f32], allowed: Option<&SimpleVob>) -> Sampled {
         let raw_stats = self.params.logprobs.map(|n| {
             let lse = log_sum_exp(logits);
             (lse, top_n(logits, n, lse))
@@ -72,7 +76,10 @@ impl Sampler {
         // Only the chosen token's raw logit is needed afterwards; remember them all cheaply
         // only when asked for log-probabilities.
         let raw = raw_stats.as_ref().map(|_| logits.to_vec());
-        self.apply_penalties(logits);
+        self.apply_penalties(logits, allowed.is_none());
+        if let Some(allowed) = allowed {
+            apply_mask(logits, allowed);
+        }
         let id = if self.params.is_greedy() {
             argmax(logits)
         } else {
@@ -95,14 +102,14 @@ impl Sampler {
         }
     }
 
-    fn apply_penalties(&self, logits: &mut [f32]) {
+    fn apply_penalties(&self, logits: &mut [f32], hold_enders: bool) {
         let p = &self.params;
         for &(id, bias) in &p.logit_bias {
             if let Some(l) = logits.get_mut(id as usize) {
                 *l += bias;
             }
         }
-        if self.generated < p.min_tokens {
+        if hold_enders && self.generated < p.min_tokens {
             for &id in &self.enders {
                 if let Some(l) = logits.get_mut(id as usize) {
                     *l = f32::NEG_INFINITY;
@@ -271,7 +278,7 @@ mod tests {
             p.logprobs = Some(2);
         });
         let mut s = Sampler::new(p, 0, &[], vec![]);
-        let out = s.sample(&mut [0.0, 3.0, 1.0]);
+        let out = s.sample(&mut [0.0, 3.0, 1.0], None);
         assert_eq!(out.id, 1);
         let lp = out.logprob.unwrap();
         let expect = 3.0 - (1f32 + 3f32.exp() + 1f32.exp()).ln();
@@ -285,7 +292,7 @@ mod tests {
         let run = |seed| {
             let mut s = Sampler::new(SamplingParams::default(), seed, &[], vec![]);
             (0..50)
-                .map(|_| s.sample(&mut logits.clone()).id)
+                .map(|_| s.sample(&mut logits.clone(), None).id)
                 .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
@@ -295,7 +302,7 @@ mod tests {
     #[test]
     fn top_k_one_and_bias_and_min_tokens() {
         let mut s = Sampler::new(params(|p| p.top_k = 1), 1, &[], vec![]);
-        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0]).id, 1);
+        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0], None).id, 1);
         let mut s = Sampler::new(
             params(|p| {
                 p.temperature = 0.0;
@@ -305,7 +312,7 @@ mod tests {
             &[],
             vec![],
         );
-        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0]).id, 2);
+        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0], None).id, 2);
         let mut s = Sampler::new(
             params(|p| {
                 p.temperature = 0.0;
@@ -315,8 +322,8 @@ mod tests {
             &[],
             vec![1],
         );
-        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0]).id, 2, "EOS held back");
-        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0]).id, 1, "then allowed");
+        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0], None).id, 2, "EOS held back");
+        assert_eq!(s.sample(&mut [0.0, 5.0, 1.0], None).id, 1, "then allowed");
     }
 
     #[test]
@@ -324,7 +331,7 @@ mod tests {
         // Token 0 carries ~88% of the mass: top_p 0.5 must always pick it.
         let mut s = Sampler::new(params(|p| p.top_p = 0.5), 3, &[], vec![]);
         for _ in 0..100 {
-            assert_eq!(s.sample(&mut [4.0, 1.0, 1.0, 0.0]).id, 0);
+            assert_eq!(s.sample(&mut [4.0, 1.0, 1.0, 0.0], None).id, 0);
         }
     }
 
@@ -339,9 +346,9 @@ mod tests {
             &[],
             vec![],
         );
-        assert_eq!(s.sample(&mut [1.0, 0.5]).id, 0);
+        assert_eq!(s.sample(&mut [1.0, 0.5], None).id, 0);
         assert_eq!(
-            s.sample(&mut [1.0, 0.5]).id,
+            s.sample(&mut [1.0, 0.5], None).id,
             1,
             "token 0 penalised after use"
         );
@@ -354,6 +361,10 @@ mod tests {
             &[0],
             vec![],
         );
-        assert_eq!(s.sample(&mut [1.0, 0.5]).id, 1, "prompt token penalised");
+        assert_eq!(
+            s.sample(&mut [1.0, 0.5], None).id,
+            1,
+            "prompt token penalised"
+        );
     }
 }

@@ -346,6 +346,7 @@ mod tests {
             id,
             prompt_len,
             sampler: Sampler::new(SamplingParams::default(), 0, &tokens, Vec::new()),
+            constraint: None,
             tokens,
             num_computed: 0,
             block_table: BlockTable::new(manager.clone(), ""),

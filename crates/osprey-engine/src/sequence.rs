@@ -7,6 +7,7 @@ use osprey_core::{FinishReason, Priority};
 use crate::kv::BlockTable;
 use crate::request::{EventSender, SeqEvent};
 use crate::sampler::Sampler;
+use crate::structured::Constraint;
 
 /// One generation in flight, owned by the scheduler.
 pub struct Sequence {
@@ -22,6 +23,9 @@ pub struct Sequence {
     pub block_table: BlockTable,
     /// Chooses the next token.
     pub sampler: Sampler,
+    /// The grammar the output follows, if any: its state after the tokens generated so far
+    /// (a recomputed sequence keeps it, since its tokens do not change).
+    pub constraint: Option<Constraint>,
     /// Scheduling class.
     pub priority: Priority,
     /// Whether the prefix cache may supply this sequence's leading tokens (not when the

@@ -34,6 +34,9 @@ pub struct TenantConfig {
     pub premium: Option<bool>,
     /// ACL groups all of the tenant's requests belong to (its keys may add more).
     pub groups: Option<Vec<String>>,
+    /// Scopes its agent runs' tools may use (`read`, `write`, `network`, `destructive`);
+    /// default: `[agent] default_scopes`. Its keys may narrow them.
+    pub tool_scopes: Option<Vec<String>>,
 }
 
 /// Limits for tenants that set none.
@@ -153,6 +156,8 @@ pub struct Tenant {
     pub premium: bool,
     /// ACL groups all its requests belong to.
     pub groups: Vec<String>,
+    /// Tool scopes granted (`None`: the agent runtime's default).
+    pub tool_scopes: Option<Vec<String>>,
 }
 
 impl EdgeConfig {
@@ -172,6 +177,7 @@ impl EdgeConfig {
             cache_salt: format!("tenant:{}", t.cache_group.as_deref().unwrap_or(name)),
             premium: t.premium.unwrap_or(false),
             groups: t.groups.unwrap_or_default(),
+            tool_scopes: t.tool_scopes,
         }
     }
 }

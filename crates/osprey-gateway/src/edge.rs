@@ -45,6 +45,8 @@ pub struct Caller {
     /// The ACL groups it belongs to: the tenant's and its key's (never the request's own
     /// say).
     pub groups: Vec<String>,
+    /// The tool scopes its key is granted, within its tenant's (`None`: the tenant's).
+    pub tool_scopes: Option<Vec<String>>,
 }
 
 /// The header naming the end user a request is for.
@@ -187,6 +189,7 @@ impl Edge {
                 key_id: None,
                 user: None,
                 groups: Vec::new(),
+                tool_scopes: None,
             },
             model: None,
             usage: Arc::default(),
@@ -212,6 +215,9 @@ impl Edge {
             key_id: key.as_ref().map(|k| k.id.clone()),
             user,
             groups,
+            tool_scopes: key.as_ref().and_then(|k| {
+                (k.tool_scopes.as_deref()).map(|s| s.split(',').map(str::to_owned).collect())
+            }),
         };
         Ok((caller, key))
     }

@@ -23,12 +23,12 @@ pub fn start_choices(
     n: usize,
     first_index: usize,
 ) -> Result<Vec<(usize, Generation)>, Error> {
+    let valid = engine.validate(request.clone())?;
     (0..n)
         .map(|i| {
-            let mut choice = request.clone();
             let seed = request.params.seed;
-            choice.seed = seed.map_or_else(rand::random, |s| s.wrapping_add(i as u64));
-            let generation = engine.generate(engine.validate(choice)?).inspect_err(|e| {
+            let seed = seed.map_or_else(rand::random, |s| s.wrapping_add(i as u64));
+            let generation = engine.generate(valid.with_seed(seed)).inspect_err(|e| {
                 if e.kind == ErrorKind::Unavailable {
                     metrics::counter!(names::REJECTED_OVERLOADED).increment(1);
                 }

@@ -28,6 +28,8 @@
 //!   path;
 //! - [`safety`]: each tenant's safety policy ([`osprey_policy`]) screening generation input,
 //!   and `POST /v1/moderations`;
+//! - [`agent`]: agent runs (the Responses API): `osprey-agent`'s orchestrator with the
+//!   model a request names, its tools under the caller's scopes, runs and audits in the store;
 //! - [`metrics`]: Prometheus export and request histograms.
 //!
 //! ```no_run
@@ -41,6 +43,7 @@
 #![deny(missing_docs)]
 
 pub mod admission;
+pub mod agent;
 pub mod auth;
 pub mod body;
 pub mod cache;

@@ -54,6 +54,9 @@ struct Inner {
     batch_added: Notify,
     edge: Arc<Edge>,
     created: u64,
+    /// The agent runtime's config, and the runtime, set up on first use.
+    agent_config: osprey_agent::AgentConfig,
+    agents: OnceLock<Result<Arc<crate::agent::Agents>, String>>,
 }
 
 struct LocalModel {
@@ -110,6 +113,8 @@ impl AppState {
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
                 created: unix_now(),
+                agent_config: osprey_agent::AgentConfig::default(),
+                agents: OnceLock::new(),
             }),
         }
     }
@@ -122,6 +127,29 @@ impl AppState {
         let inner = Arc::get_mut(&mut self.inner).expect("with_pool before the state is shared");
         inner.pool = Some(pool);
         self
+    }
+
+    /// The same state, with agent runs configured by `config` (`[agent]`).
+    ///
+    /// # Panics
+    /// If the state has been cloned already.
+    pub fn with_agents(mut self, config: osprey_agent::AgentConfig) -> Self {
+        let inner = Arc::get_mut(&mut self.inner).expect("with_agents before the state is shared");
+        inner.agent_config = config;
+        self
+    }
+
+    /// The agent runtime (its tools set up on first use; an error names the bad config).
+    pub fn agents(&self) -> Result<&Arc<crate::agent::Agents>, Error> {
+        let built = (self.inner.agents).get_or_init(|| {
+            crate::agent::Agents::new(self.inner.agent_config.clone()).map(Arc::new)
+        });
+        built.as_ref().map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("The agent runtime is not available: {e}"),
+            )
+        })
     }
 
     /// The same state, keeping collections in `library` (instead of `$OSPREY_HOME`'s).

@@ -36,6 +36,8 @@ pub struct KeyRecord {
     pub revoked_at: Option<i64>,
     /// ACL groups its requests belong to, comma-separated (see [`KeyRecord::groups`]).
     pub acl_groups: String,
+    /// Tool scopes the key is granted, comma-separated; `None`: its tenant's.
+    pub tool_scopes: Option<String>,
 }
 
 impl KeyRecord {
@@ -68,6 +70,8 @@ pub struct NewKey {
     pub tpm: Option<i64>,
     /// ACL groups its requests belong to.
     pub groups: Vec<String>,
+    /// Tool scopes it is granted (within its tenant's); `None`: the tenant's.
+    pub tool_scopes: Option<Vec<String>>,
 }
 
 impl NewKey {
@@ -105,7 +109,7 @@ pub(crate) fn random_hex(bytes: usize) -> String {
 /// only static SQL).
 macro_rules! columns {
     () => {
-        "id, hash, prefix, tenant, name, rpm, tpm, created_at, expires_at, last_used_at, revoked_at, acl_groups"
+        "id, hash, prefix, tenant, name, rpm, tpm, created_at, expires_at, last_used_at, revoked_at, acl_groups, tool_scopes"
     };
 }
 
@@ -132,12 +136,13 @@ impl Store {
             last_used_at: None,
             revoked_at: None,
             acl_groups: new.groups.join(","),
+            tool_scopes: new.tool_scopes.map(|s| s.join(",")),
         };
         let mut tx = self.pool.begin().await?;
         sqlx::query(concat!(
             "INSERT INTO api_keys (",
             columns!(),
-            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
         ))
         .bind(&record.id)
         .bind(&record.hash)
@@ -151,6 +156,7 @@ impl Store {
         .bind(record.last_used_at)
         .bind(record.revoked_at)
         .bind(&record.acl_groups)
+        .bind(&record.tool_scopes)
         .execute(&mut *tx)
         .await?;
         crate::bump_counter(&mut tx, "keys").await?;

@@ -4,8 +4,9 @@
 //! FULL`, so an acknowledged write survives a crash); migrations run on open. Today the store
 //! holds API keys ([`keys`]), the Batch API's files and batches ([`batches`]), the safety
 //! audit log ([`audit`]), conversations ([`conversations`]), users' layered memory
-//! ([`memory`]), the prompt registry ([`prompts`]), per-tenant feature flags ([`flags`]) and
-//! the request log ([`request_log`]); [`users`] forgets a user in one call. Postgres
+//! ([`memory`]), the prompt registry ([`prompts`]), per-tenant feature flags ([`flags`]),
+//! the request log ([`request_log`]) and agent runs with their steps and tool-call audit
+//! ([`runs`]); [`users`] forgets a user in one call. Postgres
 //! (`postgres://...`) is the scaled backend behind the same interface: one set of queries
 //! through sqlx's `Any` driver, a migration directory per backend, and [`testing`] runs every
 //! store test against both.
@@ -29,6 +30,7 @@ pub mod keys;
 pub mod memory;
 pub mod prompts;
 pub mod request_log;
+pub mod runs;
 pub mod testing;
 pub mod users;
 
@@ -46,6 +48,7 @@ pub use keys::{CreatedKey, KeyRecord, NewKey};
 pub use memory::{FactRecord, SummaryRecord, WorkingRecord};
 pub use prompts::{PromptSummary, PromptVersion, Split};
 pub use request_log::{RequestLogEntry, RequestLogQuery};
+pub use runs::{RunQuery, RunRecord, StepRecord, ToolAuditRecord};
 pub use users::UserDeleted;
 
 /// A failure of the store.

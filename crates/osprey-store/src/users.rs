@@ -1,5 +1,5 @@
 //! Forgetting a user: one call removes everything the store keeps of a tenant's user (their
-//! conversations with items and summaries, facts, scratchpads and request-log rows), in one
+//! conversations with items and summaries, facts, scratchpads, agent runs and request-log rows), in one
 //! transaction, so a failure leaves nothing half deleted.
 
 use crate::{Owner, Result, Store};
@@ -17,6 +17,8 @@ pub struct UserDeleted {
     pub working: u64,
     /// Request-log rows.
     pub requests: u64,
+    /// Agent runs (with their steps).
+    pub runs: u64,
 }
 
 impl Store {
@@ -47,6 +49,14 @@ impl Store {
             facts: count("DELETE FROM memory_facts WHERE tenant = $1 AND user_id = $2").await?,
             working: count("DELETE FROM working_memory WHERE tenant = $1 AND user_id = $2").await?,
             requests: count("DELETE FROM request_log WHERE tenant = $1 AND user_id = $2").await?,
+            runs: {
+                count(
+                    "DELETE FROM agent_steps WHERE run_id IN \
+                     (SELECT id FROM agent_runs WHERE tenant = $1 AND user_id = $2)",
+                )
+                .await?;
+                count("DELETE FROM agent_runs WHERE tenant = $1 AND user_id = $2").await?
+            },
         };
         tx.commit().await?;
         Ok(deleted)
@@ -99,6 +109,7 @@ mod tests {
                 facts: 1,
                 working: 1,
                 requests: 1,
+                runs: 0,
             };
             assert_eq!(deleted, expected);
             assert_eq!(

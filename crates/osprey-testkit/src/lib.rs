@@ -5,8 +5,12 @@
 //! - [`golden`]: llama.cpp's reference outputs for that model (`data/golden/`), or another file
 //!   of the same shape named by `OSPREY_GOLDEN` (held-out checks run the same tests on it);
 //! - [`shared_engine`]: one engine per test process over the default model; [`engine`] and
-//!   [`test_config`] for tests that need their own.
+//!   [`test_config`] for tests that need their own;
+//! - [`scripted`]: a scripted agent model, for the orchestrator's logic without a real model;
+//!   [`mcp_servers`]: real third-party MCP servers from the npm registry.
 #![deny(missing_docs)]
+
+pub mod scripted;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -170,6 +174,41 @@ pub fn openai_python() -> PathBuf {
             python
         })
         .clone()
+}
+
+/// The MCP servers the agent tests run against, from the npm registry: the reference
+/// `@modelcontextprotocol/server-everything` and `server-filesystem`, pinned, installed once
+/// per machine under `$OSPREY_HOME/mcp-servers`. Returns the folder of their commands
+/// (`mcp-server-everything`, `mcp-server-filesystem`).
+pub fn mcp_servers() -> PathBuf {
+    const PACKAGES: [&str; 2] = [
+        "@modelcontextprotocol/server-everything@2026.8.31",
+        "@modelcontextprotocol/server-filesystem@2026.8.31",
+    ];
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = osprey_models::osprey_home().join("mcp-servers");
+        std::fs::create_dir_all(&dir).expect("creating the MCP servers' folder");
+        let lock = std::fs::File::create(dir.join(".lock")).expect("creating the npm lock");
+        lock.lock().expect("locking the MCP servers' folder");
+        let ready = dir.join(format!(
+            ".installed-{}",
+            PACKAGES.join("+").replace('/', "_")
+        ));
+        if !ready.exists() {
+            eprintln!(
+                "installing {PACKAGES:?} into {} (first run only)",
+                dir.display()
+            );
+            run(std::process::Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--prefix"])
+                .arg(&dir)
+                .args(PACKAGES));
+            std::fs::write(&ready, "").expect("marking the MCP servers installed");
+        }
+        dir.join("node_modules").join(".bin")
+    })
+    .clone()
 }
 
 fn run(cmd: &mut std::process::Command) {

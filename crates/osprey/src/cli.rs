@@ -36,6 +36,8 @@ pub enum Command {
     Flags(crate::flags::FlagsArgs),
     /// Forget a tenant's user: conversations, memory, request log, cached answers.
     Users(crate::users::UsersArgs),
+    /// Agent runs on a server: list, show, approve or reject a waiting call, the tool audit.
+    Runs(crate::runs::RunsArgs),
     /// Ingest files or folders into a document collection (PDF, HTML, Markdown, text, JSONL).
     Ingest(crate::rag::IngestArgs),
     /// Search a document collection.

@@ -28,6 +28,17 @@
 //! guards = ["injection_rules", "injection_classifier", "pii"]   # the default: all
 //! audit = "acted"              # or "blocked", "off"
 //!
+//! [agent]                      # agent runs (POST /v1/responses); see docs/agents.md
+//! default_scopes = ["read"]    # tool scopes of tenants that set no tool_scopes
+//! budget = { steps = 8, tokens = 16384, wall_seconds = 120, tool_calls = 16, retries = 2 }
+//! http_fetch = { allow = ["docs.internal:8080"] }
+//! sql = { url = "postgres://reader@db/app", max_rows = 100 }
+//! [[agent.mcp]]
+//! label = "files"
+//! command = "npx"
+//! args = ["@modelcontextprotocol/server-filesystem", "/srv/shared"]
+//! scopes = ["read"]
+//!
 //! [models.llama-70b]
 //! url = "http://10.0.0.5:8000/v1"
 //! api_key_env = "VLLM_KEY"
@@ -60,6 +71,7 @@ pub struct ConfigFile {
     pub models: BTreeMap<String, UpstreamConfig>,
     pub tiers: Vec<TierConfig>,
     pub policies: BTreeMap<String, PolicyConfig>,
+    pub agent: osprey_agent::AgentConfig,
 }
 
 #[derive(Deserialize)]
@@ -72,6 +84,8 @@ struct Shape {
     tiers: Vec<TierConfig>,
     #[serde(default)]
     policies: BTreeMap<String, PolicyConfig>,
+    #[serde(default)]
+    agent: osprey_agent::AgentConfig,
     #[serde(flatten)]
     flags: BTreeMap<String, toml::Value>,
 }
@@ -91,6 +105,7 @@ impl ConfigFile {
             models: shape.models,
             tiers: shape.tiers,
             policies: shape.policies,
+            agent: shape.agent,
         })
     }
 
@@ -246,6 +261,8 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
     crate::serve::check_default_models(&file, &upstreams, local.as_deref())
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     crate::serve::policies(&file).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    osprey_agent::Builtins::new(&file.agent)
+        .map_err(|e| anyhow::anyhow!("{}: [agent]: {e}", path.display()))?;
     println!(
         "{}: ok ({} tenants, {} upstream models, {} tiers, store {}, limits {})",
         path.display(),

@@ -41,6 +41,10 @@ pub enum KeysCommand {
         /// documents ingested with `--acl` of that group.
         #[arg(long = "group")]
         groups: Vec<String>,
+        /// Tool scopes the key is granted, within its tenant's (`read,network`; default: the
+        /// tenant's): an agent run's tool call outside them is refused.
+        #[arg(long, value_delimiter = ',', value_parser = parse_scope)]
+        tool_scopes: Option<Vec<String>>,
     },
     /// List keys (never their secrets).
     List,
@@ -49,6 +53,13 @@ pub enum KeysCommand {
         /// The key's id (`key_…`).
         id: String,
     },
+}
+
+/// A tool scope's name, checked.
+fn parse_scope(s: &str) -> Result<String, String> {
+    osprey_agent::Scope::parse(s)
+        .map(|scope| scope.as_str().to_owned())
+        .ok_or_else(|| format!("unknown scope `{s}` (read, write, network, destructive)"))
 }
 
 /// `30d`, `12h`, `90m`, `3600s` from now, or absolute Unix seconds; as Unix ms.
@@ -79,6 +90,7 @@ pub fn run(args: KeysArgs) -> anyhow::Result<()> {
                 rpm,
                 tpm,
                 groups,
+                tool_scopes,
             } => {
                 let created = store
                     .create_key(NewKey {
@@ -88,6 +100,7 @@ pub fn run(args: KeysArgs) -> anyhow::Result<()> {
                         rpm,
                         tpm,
                         groups,
+                        tool_scopes,
                     })
                     .await?;
                 let r = &created.record;

@@ -9,6 +9,7 @@ mod keys;
 mod models;
 mod prompts;
 mod rag;
+mod runs;
 mod serve;
 mod users;
 mod worker;
@@ -51,6 +52,7 @@ fn run() -> anyhow::Result<()> {
         cli::Command::Prompts(args) => prompts::run(args),
         cli::Command::Flags(args) => flags::run(args),
         cli::Command::Users(args) => users::run(args),
+        cli::Command::Runs(args) => runs::run(args),
         cli::Command::Ingest(args) => rag::ingest(args),
         cli::Command::Search(args) => rag::search(args),
         cli::Command::Config(cli::ConfigCommand::Check { file }) => config::check(&file),

@@ -303,6 +303,7 @@ async fn serve(
         None => state,
     }
     .with_store(store)
+    .with_agents(file.agent.clone())
     .with_policies(Some(policies))
     .with_response_cache(match (&args.redis, args.no_response_cache) {
         (_, true) => None,

@@ -3,7 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::common::{Finish, SamplingFields, Usage};
+use super::tools::{ResponseFormat, Tool, ToolCall, ToolCallDelta, ToolChoice, ToolMode};
 use crate::error::{Error, Result};
+use crate::grammar::Grammar;
 use crate::sampling::SamplingParams;
 
 /// A chat completion request.
@@ -21,6 +23,18 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     /// Alternatives per token to return with `logprobs`, 0 to 20.
     pub top_logprobs: Option<i64>,
+    /// Functions the model may call.
+    #[serde(default)]
+    pub tools: Option<Vec<Tool>>,
+    /// Whether and which tool to call.
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether one answer may call several tools (default true).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// The structure of a text answer: any text, a JSON object, or JSON under a schema.
+    #[serde(default)]
+    pub response_format: Option<ResponseFormat>,
     /// Osprey's extensions (`{"osprey": {"priority": "batch"}}`).
     #[serde(default)]
     pub osprey: Option<super::common::OspreyOptions>,
@@ -47,6 +61,12 @@ pub struct ChatMessage {
     /// Optional participant name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The calls an assistant message made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 /// Message content: a string or OpenAI's array of parts.
@@ -124,9 +144,50 @@ impl ChatCompletionRequest {
                     format!("messages[{i}] ({}) needs `content`", m.role),
                 ));
             }
+            if m.role == "tool" && m.tool_call_id.is_none() {
+                return Err(Error::invalid(
+                    format!("messages[{i}].tool_call_id"),
+                    format!("messages[{i}] (tool) needs the `tool_call_id` it answers"),
+                ));
+            }
+            if m.tool_calls.is_some() && m.role != "assistant" {
+                return Err(Error::invalid(
+                    format!("messages[{i}].tool_calls"),
+                    format!("messages[{i}] ({}) cannot carry `tool_calls`", m.role),
+                ));
+            }
+            for (j, call) in m.tool_calls.iter().flatten().enumerate() {
+                if serde_json::from_str::<serde_json::Value>(&call.function.arguments).is_err() {
+                    return Err(Error::invalid(
+                        format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                        "a tool call's arguments must be JSON text",
+                    ));
+                }
+            }
             m.text()?;
         }
         Ok(())
+    }
+
+    /// The tools offered and what the model may do with them, checked.
+    pub fn tool_mode(&self) -> Result<ToolMode> {
+        super::tools::tool_mode(
+            self.tools.as_deref().unwrap_or(&[]),
+            self.tool_choice.as_ref(),
+        )
+    }
+
+    /// Whether one answer may call several tools.
+    pub fn parallel_tool_calls(&self) -> bool {
+        self.parallel_tool_calls.unwrap_or(true)
+    }
+
+    /// The grammar a text answer must follow (`response_format`, `osprey.grammar`).
+    pub fn output_grammar(&self) -> Result<Option<Grammar>> {
+        super::tools::output_grammar(
+            self.response_format.as_ref(),
+            self.osprey.as_ref().and_then(|o| o.grammar.as_ref()),
+        )
     }
 
     /// Validated sampling parameters.
@@ -194,8 +255,11 @@ pub struct ChatChoice {
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: String,
-    /// The text.
+    /// The text (null when the answer is only tool calls).
     pub content: Option<String>,
+    /// The tools the answer calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// Log-probabilities of a chat choice's tokens.
@@ -271,4 +335,7 @@ pub struct ChatDelta {
     /// Text added.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool calls begun or continued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }

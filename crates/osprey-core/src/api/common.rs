@@ -204,6 +204,9 @@ pub struct OspreyOptions {
     /// `interactive` (default) or `batch`.
     #[serde(default)]
     pub priority: Option<crate::sampling::Priority>,
+    /// A regular expression or Lark grammar the output must follow.
+    #[serde(default)]
+    pub grammar: Option<super::tools::GrammarOption>,
 }
 
 /// The priority a request asks for (interactive when it says nothing).

@@ -22,6 +22,10 @@ pub struct CompletionRequest {
     pub echo: bool,
     /// Return log-probabilities with this many alternatives per token, 0 to 20.
     pub logprobs: Option<i64>,
+    /// The structure of the completion: any text, a JSON object, or JSON under a schema (as
+    /// in chat; an extension here).
+    #[serde(default)]
+    pub response_format: Option<super::tools::ResponseFormat>,
     /// Osprey's extensions (`{"osprey": {"priority": "batch"}}`).
     #[serde(default)]
     pub osprey: Option<super::common::OspreyOptions>,
@@ -61,6 +65,14 @@ pub enum Prompt {
 }
 
 impl CompletionRequest {
+    /// The grammar the completion must follow (`response_format`, `osprey.grammar`).
+    pub fn output_grammar(&self) -> Result<Option<crate::Grammar>> {
+        super::tools::output_grammar(
+            self.response_format.as_ref(),
+            self.osprey.as_ref().and_then(|o| o.grammar.as_ref()),
+        )
+    }
+
     /// The prompts, each producing `n` choices; at least one, none empty.
     pub fn prompts(&self) -> Result<Vec<Prompt>> {
         let prompts: Vec<Prompt> = match &self.prompt {

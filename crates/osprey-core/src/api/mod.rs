@@ -8,11 +8,13 @@ mod chat;
 mod common;
 mod completions;
 mod models;
+mod tools;
 
 pub use chat::*;
 pub use common::*;
 pub use completions::*;
 pub use models::*;
+pub use tools::*;
 
 use crate::error::{Error, Result};
 

@@ -3,7 +3,8 @@
 //! (`?tenant=NAME&limit=N`): the safety audit log, newest first; per-tenant feature flags:
 //! `GET /admin/flags` (`?tenant=NAME`), `PUT /admin/flags/{tenant}/{flag}` with `{"value":
 //! ...}` and `DELETE /admin/flags/{tenant}/{flag}`; the prompt registry's routes
-//! (`admin_prompts.rs`); and users and the request log (`admin_users.rs`).
+//! (`admin_prompts.rs`); users and the request log (`admin_users.rs`); agent runs, their
+//! approvals and the tool-call audit (`admin_runs.rs`).
 
 use axum::Json;
 use axum::Router;
@@ -32,6 +33,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         )
         .merge(super::admin_prompts::routes())
         .merge(super::admin_users::routes())
+        .merge(super::admin_runs::routes())
         .route_layer(axum::middleware::from_fn_with_state(state, admin_only))
 }
 
@@ -76,6 +78,7 @@ pub fn key_json(k: &KeyRecord) -> serde_json::Value {
         "last_used_at": secs(k.last_used_at),
         "revoked_at": secs(k.revoked_at),
         "groups": k.groups(),
+        "tool_scopes": k.tool_scopes.as_deref().map(|s| s.split(',').collect::<Vec<_>>()),
     })
 }
 
@@ -104,6 +107,8 @@ struct CreateKey {
     /// ACL groups the key's requests belong to.
     #[serde(default)]
     groups: Vec<String>,
+    /// Tool scopes the key is granted, within its tenant's (default: the tenant's).
+    tool_scopes: Option<Vec<String>>,
 }
 
 async fn create_key(
@@ -116,6 +121,10 @@ async fn create_key(
         return Err(Error::invalid("tenant", "`tenant` must not be empty.").into());
     }
     crate::routes::collections::check_groups(&req.groups, "groups")?;
+    if let Some(scopes) = &req.tool_scopes {
+        osprey_agent::Scopes::parse(scopes.iter().map(String::as_str))
+            .map_err(|e| Error::invalid("tool_scopes", e))?;
+    }
     for (field, v) in [("rpm", req.rpm), ("tpm", req.tpm)] {
         if v.is_some_and(|v| v < 1) {
             return Err(Error::invalid(field, format!("`{field}` must be at least 1.")).into());
@@ -130,6 +139,7 @@ async fn create_key(
             rpm: req.rpm,
             tpm: req.tpm,
             groups: req.groups,
+            tool_scopes: req.tool_scopes,
         })
         .await
         .map_err(store_error)?;

@@ -5,12 +5,14 @@ use std::sync::Arc;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use osprey_core::Error;
 use osprey_core::api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-    ChatCompletionRequest, ChatDelta, ChatLogprobs, Usage,
+    ChatCompletionRequest, ChatDelta, ChatLogprobs, FunctionCall, FunctionCallDelta, ToolCall,
+    ToolCallDelta, ToolMode, Usage,
 };
-use osprey_engine::{Engine, GenerateRequest, Prompter, TemplateMessage};
+use osprey_core::{Error, FinishReason, Grammar};
+use osprey_engine::tools::{self, ToolCallParser, ToolEvent};
+use osprey_engine::{Engine, GenerateRequest, Prompter};
 
 use super::{Routed, async_stream, done_event, json_event, new_id, stream_response};
 use crate::edge::{Caller, UsageReport};
@@ -30,13 +32,16 @@ pub async fn chat_completions(
     let params = req.sampling_params()?;
     let n = req.sampling.choices()?;
     let priority = caller.priority_of(&req.osprey);
+    let answer = AnswerShape::of(&req)?;
     let request = GenerateRequest {
         priority,
         cache_salt: caller.tenant.cache_salt.clone(),
+        grammar: answer.grammar.clone(),
         ..GenerateRequest::new(prompt.clone(), params.clone())
     };
     let choices = start_choices(&engine, &request, n, 0).map_err(|e| match e.param.as_deref() {
         Some("prompt") => e.with_param("messages"),
+        Some("grammar") => e.with_param(answer.grammar_param),
         _ => e,
     })?;
     let ctx = ChatContext {
@@ -46,6 +51,7 @@ pub async fn chat_completions(
         engine,
         prompt_tokens: prompt.len(),
         logprobs: params.logprobs.is_some(),
+        calls: answer.calls,
         timer: RequestTimer::new(&req.model, priority, usage)
             .watched_by(state.degradation().clone()),
     };
@@ -70,17 +76,41 @@ impl Routed for ChatCompletionRequest {
         self.validate_messages()?;
         self.sampling_params()?;
         self.sampling.choices()?;
-        let messages = self
-            .messages
-            .iter()
-            .map(|m| {
-                Ok(TemplateMessage {
-                    role: m.role.clone(),
-                    content: m.text()?,
-                })
-            })
-            .collect::<Result<Vec<_>, Error>>()?;
+        let tools = self.tools.as_deref().unwrap_or(&[]);
+        let messages = tools::template_messages(&self.messages, tools, &self.tool_mode()?)?;
         prompter.chat_tokens(&messages)
+    }
+}
+
+/// What an answer may be: the grammar it is generated under (its text's `response_format`
+/// or Osprey grammar, and the tools it may call), and whether its text is read for calls.
+struct AnswerShape {
+    grammar: Option<Grammar>,
+    /// The request field a grammar error is about.
+    grammar_param: &'static str,
+    calls: bool,
+}
+
+impl AnswerShape {
+    fn of(req: &ChatCompletionRequest) -> Result<Self, Error> {
+        let mode = req.tool_mode()?;
+        let tools = req.tools.as_deref().unwrap_or(&[]);
+        let text = req.output_grammar()?;
+        let calls = !tools.is_empty() && mode != ToolMode::None;
+        let grammar_param = match (calls, &req.response_format) {
+            (true, _) => "tools",
+            (false, Some(_)) => "response_format",
+            (false, None) => "osprey.grammar",
+        };
+        let grammar = match calls {
+            true => tools::answer_grammar(tools, &mode, req.parallel_tool_calls(), text.as_ref())?,
+            false => text,
+        };
+        Ok(Self {
+            grammar,
+            grammar_param,
+            calls,
+        })
     }
 }
 
@@ -91,6 +121,8 @@ struct ChatContext {
     engine: Engine,
     prompt_tokens: usize,
     logprobs: bool,
+    /// Whether the text is read for tool calls.
+    calls: bool,
     timer: RequestTimer,
 }
 
@@ -102,6 +134,7 @@ impl ChatContext {
                 message: AssistantMessage {
                     role: "assistant".into(),
                     content: Some(String::new()),
+                    tool_calls: None,
                 },
                 logprobs: self.logprobs.then(ChatLogprobs::default),
                 finish_reason: None,
@@ -124,6 +157,11 @@ impl ChatContext {
             choice.finish_reason = delta.finish.or(choice.finish_reason);
         }
         self.timer.finish(self.prompt_tokens, completion_tokens);
+        if self.calls {
+            for choice in &mut choices {
+                read_calls(choice);
+            }
+        }
         Ok(ChatCompletion {
             id: self.id,
             object: "chat.completion".into(),
@@ -165,6 +203,7 @@ impl ChatContext {
                     delta: ChatDelta {
                         role: Some("assistant".into()),
                         content: Some(String::new()),
+                        tool_calls: None,
                     },
                     logprobs: None,
                     finish_reason: None,
@@ -173,6 +212,9 @@ impl ChatContext {
                     .await?;
             }
             let mut completion_tokens = 0;
+            let mut calls: Vec<Option<CallStream>> = (0..n)
+                .map(|_| self.calls.then(CallStream::default))
+                .collect();
             while let Some((index, delta)) = deltas.next().await {
                 let delta = match delta {
                     Ok(d) => d,
@@ -198,23 +240,37 @@ impl ChatContext {
                 if delta.text.is_empty() && logprobs.is_none() && delta.finish.is_none() {
                     continue;
                 }
-                let choice = ChatChunkChoice {
-                    index,
-                    delta: ChatDelta {
-                        role: None,
-                        content: (!delta.text.is_empty() || logprobs.is_some())
-                            .then_some(delta.text),
-                    },
-                    logprobs,
-                    finish_reason: None,
+                let mut pieces = match calls[index].as_mut() {
+                    Some(stream) => stream.push(&delta.text, delta.finish.is_some()),
+                    None if delta.text.is_empty() => Vec::new(),
+                    None => vec![ChatDelta {
+                        content: Some(delta.text),
+                        ..ChatDelta::default()
+                    }],
                 };
-                if !choice.delta.content.as_deref().unwrap_or("").is_empty()
-                    || choice.logprobs.is_some()
-                {
+                if pieces.is_empty() && logprobs.is_some() {
+                    pieces.push(ChatDelta {
+                        content: Some(String::new()),
+                        ..ChatDelta::default()
+                    });
+                }
+                let mut logprobs = logprobs;
+                for piece in pieces {
+                    let choice = ChatChunkChoice {
+                        index,
+                        delta: piece,
+                        logprobs: logprobs.take(),
+                        finish_reason: None,
+                    };
                     tx.send(json_event(&self.chunk(vec![choice], usage_field(None))))
                         .await?;
                 }
-                if let Some(reason) = delta.finish {
+                if let Some(mut reason) = delta.finish {
+                    if reason == FinishReason::Stop
+                        && calls[index].as_ref().is_some_and(|c| c.parser.calls() > 0)
+                    {
+                        reason = FinishReason::ToolCalls;
+                    }
                     let last = ChatChunkChoice {
                         index,
                         delta: ChatDelta::default(),
@@ -234,5 +290,85 @@ impl ChatContext {
             tx.send(done_event()).await?;
             Ok(())
         })
+    }
+}
+
+/// Turns a choice's text into its tool calls, if it made any (the content is then null
+/// unless text came with them) and the finish reason `tool_calls`.
+fn read_calls(choice: &mut ChatChoice) {
+    let text = choice.message.content.take().unwrap_or_default();
+    let (content, calls) = tools::parse_output(&text);
+    if calls.is_empty() {
+        choice.message.content = Some(content);
+        return;
+    }
+    choice.message.content = (!content.is_empty()).then_some(content);
+    choice.message.tool_calls = Some(
+        calls
+            .into_iter()
+            .map(|(name, arguments)| ToolCall {
+                id: call_id(),
+                kind: "function".into(),
+                function: FunctionCall { name, arguments },
+            })
+            .collect(),
+    );
+    if choice.finish_reason == Some(FinishReason::Stop) {
+        choice.finish_reason = Some(FinishReason::ToolCalls);
+    }
+}
+
+/// A streamed choice read for tool calls: its text becomes content deltas or call deltas in
+/// OpenAI's shape (the first of a call with its id, type and name).
+#[derive(Default)]
+struct CallStream {
+    parser: ToolCallParser,
+}
+
+impl CallStream {
+    fn push(&mut self, text: &str, last: bool) -> Vec<ChatDelta> {
+        let mut events = self.parser.push(text);
+        if last {
+            events.extend(self.parser.finish());
+        }
+        events
+            .into_iter()
+            .map(|event| match event {
+                ToolEvent::Content(text) => ChatDelta {
+                    content: Some(text),
+                    ..ChatDelta::default()
+                },
+                ToolEvent::CallStart { index, name } => call_delta(ToolCallDelta {
+                    index,
+                    id: Some(call_id()),
+                    kind: Some("function".into()),
+                    function: FunctionCallDelta {
+                        name: Some(name),
+                        arguments: Some(String::new()),
+                    },
+                }),
+                ToolEvent::Arguments { index, text } => call_delta(ToolCallDelta {
+                    index,
+                    id: None,
+                    kind: None,
+                    function: FunctionCallDelta {
+                        name: None,
+                        arguments: Some(text),
+                    },
+                }),
+            })
+            .collect()
+    }
+}
+
+/// A fresh tool call id, `call_…` as OpenAI writes them.
+fn call_id() -> String {
+    format!("call_{:024x}", rand::random::<u128>() >> 32)
+}
+
+fn call_delta(call: ToolCallDelta) -> ChatDelta {
+    ChatDelta {
+        tool_calls: Some(vec![call]),
+        ..ChatDelta::default()
     }
 }

@@ -65,15 +65,26 @@ pub async fn completions(
         .collect();
     let prompt_logprobs = req.echo && params.logprobs.is_some();
     let priority = caller.priority_of(&req.osprey);
+    let grammar = req.output_grammar()?;
+    let grammar_param = match req.response_format {
+        Some(_) => "response_format",
+        None => "osprey.grammar",
+    };
     let mut choices = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
         let request = GenerateRequest {
             prompt_logprobs,
             priority,
             cache_salt: caller.tenant.cache_salt.clone(),
+            grammar: grammar.clone(),
             ..GenerateRequest::new(p.ids.clone(), params.clone())
         };
-        choices.extend(start_choices(&engine, &request, n, i * n)?);
+        let started =
+            start_choices(&engine, &request, n, i * n).map_err(|e| match e.param.as_deref() {
+                Some("grammar") => e.with_param(grammar_param),
+                _ => e,
+            })?;
+        choices.extend(started);
     }
     let ctx = CompletionContext {
         id: new_id("cmpl"),

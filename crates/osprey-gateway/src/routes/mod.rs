@@ -4,6 +4,7 @@ mod admin;
 mod admin_prompts;
 mod admin_users;
 pub use admin_prompts::valid_name as valid_prompt_name;
+mod admin_runs;
 pub mod auto;
 pub mod batches;
 mod chat;
@@ -15,6 +16,7 @@ mod health;
 mod memory;
 mod models;
 mod moderations;
+mod responses;
 mod worker;
 
 use std::convert::Infallible;
@@ -71,6 +73,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
     let generation = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses::create))
         .route_layer(axum::middleware::from_fn_with_state(
             edge,
             crate::edge::guard,
@@ -88,6 +91,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .merge(conversations::routes())
         .merge(memory::routes())
         .merge(collections::routes())
+        .merge(responses::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::edge::authenticate,
@@ -567,6 +571,18 @@ pub(crate) async fn complete_chat(
     caller: &Caller,
     body: serde_json::Value,
 ) -> Result<String, osprey_core::Error> {
+    let answer = chat_answer(state, caller, body).await?;
+    Ok((answer["choices"][0]["message"]["content"].as_str())
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// Like [`complete_chat`], the whole answer (its message with any tool calls, its usage).
+pub(crate) async fn chat_answer(
+    state: &AppState,
+    caller: &Caller,
+    body: serde_json::Value,
+) -> Result<serde_json::Value, osprey_core::Error> {
     let admitted = Admitted {
         caller: caller.clone(),
         model: body["model"].as_str().map(str::to_owned),
@@ -595,9 +611,7 @@ pub(crate) async fn complete_chat(
             format!("the gateway's own request failed ({status}): {why}"),
         ));
     }
-    Ok((answer["choices"][0]["message"]["content"].as_str())
-        .unwrap_or_default()
-        .to_owned())
+    Ok(answer)
 }
 
 async fn chat_completions(

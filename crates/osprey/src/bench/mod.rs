@@ -10,11 +10,14 @@
 //!   filter's time per token and hold-back).
 //! - `osprey bench rag`: retrieval quality (MRR@10, Recall@10 per method) and speed (ingest
 //!   chunks/s, query latency at several concurrencies) on a known-item corpus.
+//! - `osprey bench structured`: constrained decoding's cost per token (same run, free vs under
+//!   a schema), each mask's cost, and the schema validity rate over varied schemas.
 
 mod guards;
 mod model;
 mod rag;
 mod serve;
+mod structured;
 
 use clap::Subcommand;
 
@@ -29,6 +32,8 @@ pub enum BenchCommand {
     Guards(guards::GuardsBenchArgs),
     /// Retrieval: MRR@10 and Recall@10 per method, ingest chunks/s, query latency.
     Rag(rag::RagBenchArgs),
+    /// Structured output: constrained-decoding overhead, mask cost, schema validity rate.
+    Structured(structured::StructuredBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -37,5 +42,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Serve(args) => serve::run(*args),
         BenchCommand::Guards(args) => guards::run(args),
         BenchCommand::Rag(args) => rag::run(args),
+        BenchCommand::Structured(args) => structured::run(args),
     }
 }

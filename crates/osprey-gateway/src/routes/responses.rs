@@ -1,0 +1,229 @@
+//! The Responses API (agent runs), for a tenant's user:
+//! - `POST /v1/responses`: a run with tools, budgets and approvals (behind the edge, like any
+//!   generation request); streamed as events with `"stream": true`;
+//! - `GET /v1/responses` (Osprey's: the caller's runs, newest first, `?status=&limit=&after=`)
+//!   and `GET /v1/responses/{id}`; `GET /v1/responses/{id}/steps`: what the run did;
+//! - `POST /v1/responses/{id}/approve` and `/reject` (`{"approval_request_id", "reason"}`):
+//!   answers a call waiting for approval and runs on;
+//! - `POST /v1/responses/{id}/cancel` (a paused run), `POST /v1/responses/{id}/replay`: the
+//!   same request run again as a new response.
+
+use axum::body::Bytes;
+use axum::extract::{Extension, Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use osprey_agent::RunStatus;
+use osprey_core::{Error, ErrorKind};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::agent::runner::{self, Stored};
+use crate::agent::wire::ResponsesRequest;
+use crate::edge::{Admitted, Caller};
+use crate::error::{ApiError, store_error};
+use crate::state::AppState;
+
+/// The routes besides `POST /v1/responses` (behind authentication).
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/responses", get(list))
+        .route("/v1/responses/{id}", get(read))
+        .route("/v1/responses/{id}/steps", get(steps))
+        .route("/v1/responses/{id}/approve", post(approve))
+        .route("/v1/responses/{id}/reject", post(reject))
+        .route("/v1/responses/{id}/cancel", post(cancel))
+        .route("/v1/responses/{id}/replay", post(replay))
+}
+
+/// `POST /v1/responses`.
+pub async fn create(
+    State(state): State<AppState>,
+    admitted: Option<Extension<Admitted>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let admitted = admitted.map_or_else(|| state.edge().unguarded(), |a| a.0);
+    let raw: Value = osprey_core::api::parse_json(&body)?;
+    let request: ResponsesRequest = osprey_core::api::parse_json(&body)?;
+    let (response, tokens) = runner::start(&state, &admitted.caller, request, raw, None).await?;
+    admitted.usage.set(tokens, 0);
+    Ok(response)
+}
+
+async fn read(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let stored = runner::load(&state, Some(&caller.owner(None)), &id).await?;
+    Ok(Json(runner::show(&state, &stored)))
+}
+
+/// The steps of a stored run, as the API shows them.
+pub async fn steps_json(state: &AppState, id: &str) -> Result<Value, Error> {
+    let store = crate::routes::conversations::store(state)?;
+    let steps = store.run_steps(id).await.map_err(store_error)?;
+    let data: Vec<Value> = steps
+        .iter()
+        .map(|s| {
+            json!({"n": s.n, "kind": s.kind, "tokens": s.tokens, "duration_ms": s.duration_ms,
+                "at": s.at / 1000, "detail": serde_json::from_str::<Value>(&s.detail).unwrap_or_default()})
+        })
+        .collect();
+    Ok(json!({"object": "list", "data": data}))
+}
+
+async fn steps(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    runner::load(&state, Some(&caller.owner(None)), &id).await?;
+    Ok(Json(steps_json(&state, &id).await?))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    status: Option<String>,
+    limit: Option<i64>,
+    after: Option<String>,
+}
+
+/// A page of runs, as the API lists them.
+pub fn list_json(records: &[osprey_store::RunRecord], limit: i64) -> Value {
+    let data: Vec<Value> = records
+        .iter()
+        .map(|r| {
+            json!({"id": r.id, "object": "response", "status": r.status, "model": r.model,
+                "tenant": r.tenant, "user": r.user_id, "created_at": r.created_at / 1000,
+                "updated_at": r.updated_at / 1000, "previous_response_id": r.previous_id,
+                "replay_of": r.replay_of})
+        })
+        .collect();
+    json!({"object": "list", "data": data, "has_more": records.len() as i64 == limit,
+        "last_id": records.last().map(|r| r.id.clone())})
+}
+
+async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let owner = caller.owner(None);
+    let limit = q.limit.unwrap_or(20).clamp(1, 100);
+    let query = osprey_store::RunQuery {
+        tenant: Some(owner.tenant),
+        user: Some(owner.user),
+        status: q.status,
+        before: q.after,
+        limit: Some(limit),
+    };
+    let store = crate::routes::conversations::store(&state)?;
+    let records = store.runs(&query).await.map_err(store_error)?;
+    Ok(Json(list_json(&records, limit)))
+}
+
+/// An approval or rejection.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Answer {
+    /// The request answered (default: the run's only pending one).
+    pub approval_request_id: Option<String>,
+    /// Why.
+    pub reason: Option<String>,
+}
+
+/// Parses an optional JSON body as an [`Answer`].
+pub fn answer_of(body: &Bytes) -> Result<Answer, Error> {
+    match body.is_empty() {
+        true => Ok(Answer::default()),
+        false => osprey_core::api::parse_json(body),
+    }
+}
+
+async fn decide(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    body: &Bytes,
+    approve: bool,
+) -> Result<Response, ApiError> {
+    let answer = answer_of(body)?;
+    let stored = runner::load(state, Some(&caller.owner(None)), id).await?;
+    let approval = answer.approval_request_id.as_deref();
+    let (response, _) = runner::resume(state, stored, approval, approve, answer.reason).await?;
+    Ok(response)
+}
+
+async fn approve(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    decide(&state, &caller, &id, &body, true).await
+}
+
+async fn reject(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    decide(&state, &caller, &id, &body, false).await
+}
+
+async fn cancel(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let mut stored: Stored = runner::load(&state, Some(&caller.owner(None)), &id).await?;
+    let status = stored.run.status;
+    if !matches!(
+        status,
+        RunStatus::RequiresApproval | RunStatus::RequiresAction
+    ) {
+        return Err(Error::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "response {id} is {}: only a paused response can be cancelled",
+                status.as_str()
+            ),
+        )
+        .with_code("not_cancellable")
+        .into());
+    }
+    let store = crate::routes::conversations::store(&state)?;
+    if !store
+        .claim_run(&id, status.as_str())
+        .await
+        .map_err(store_error)?
+    {
+        return Err(
+            Error::new(ErrorKind::InvalidRequest, format!("response {id} moved on")).into(),
+        );
+    }
+    stored.run.status = RunStatus::Cancelled;
+    let state_json = serde_json::to_string(&stored.run).unwrap_or_default();
+    store
+        .save_run_step(&id, RunStatus::Cancelled.as_str(), &state_json, None)
+        .await
+        .map_err(store_error)?;
+    Ok(Json(runner::show(&state, &stored)))
+}
+
+async fn replay(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let stored = runner::load(&state, Some(&caller.owner(None)), &id).await?;
+    let body: Value = serde_json::from_str::<Value>(&stored.record.request)
+        .map(|v| v["body"].clone())
+        .unwrap_or_default();
+    let mut request = stored.request;
+    request.stream = false;
+    let (response, _) = runner::start(&state, &caller, request, body, Some(id)).await?;
+    Ok(response.into_response())
+}
