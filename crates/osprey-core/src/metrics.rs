@@ -120,5 +120,5 @@ pub const AGENT_STEPS: &str = "osprey_agent_steps_total";
 pub const AGENT_RUNS: &str = "osprey_agent_runs_total";
 /// Tool calls, by tool (built-in, `mcp:SERVER` or `other`) and verdict.
 pub const TOOL_CALLS: &str = "osprey_tool_calls_total";
-/// Requests decoded under a grammar (structured output, tools), by source.
+/// Grammars compiled for requests (structured output; tool calls are `lark`), by grammar kind.
 pub const CONSTRAINED_REQUESTS: &str = "osprey_constrained_requests_total";

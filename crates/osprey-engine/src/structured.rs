@@ -159,6 +159,14 @@ impl GrammarCompiler {
 
     /// Compiles `grammar`; an error names the parameter `grammar` and says what is wrong.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, Error> {
+        let kind = match grammar {
+            Grammar::JsonSchema { .. } => "json_schema",
+            Grammar::JsonObject => "json_object",
+            Grammar::Regex(_) => "regex",
+            Grammar::Lark(_) => "lark",
+        };
+        metrics::counter!(osprey_core::metrics::CONSTRAINED_REQUESTS, "grammar" => kind)
+            .increment(1);
         let top = match grammar {
             Grammar::JsonSchema { schema, strict } => {
                 TopLevelGrammar::from_json_schema(with_json_options(schema, *strict))

@@ -31,6 +31,7 @@ struct Server {
     files: PathBuf,
     /// The streamable-HTTP MCP server, killed with the test.
     _http_mcp: tokio::process::Child,
+    _library: tempfile::TempDir,
 }
 
 fn mcp(label: &str, command: PathBuf, args: Vec<String>) -> McpServerConfig {
@@ -112,8 +113,10 @@ async fn server() -> Server {
         .await
         .unwrap()
         .secret;
+    let library = tempfile::tempdir().unwrap();
     let state = AppState::with_models(Some(MODEL.into()), Vec::new(), edge)
         .with_store(store)
+        .with_library(osprey_rag::Library::new(library.path().to_owned()))
         .with_agents(agent);
     state.set_engine(osprey_testkit::shared_engine());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -143,6 +146,7 @@ async fn server() -> Server {
         globex,
         files,
         _http_mcp: http_mcp,
+        _library: library,
     }
 }
 
@@ -418,6 +422,52 @@ async fn agents_run_real_tools_under_budgets_scopes_and_approvals() {
     );
     assert!(!s.files.join(args["path"].as_str().unwrap()).exists() || args["path"] == "notes.txt");
 
+    // OpenAI's way: a new response continues the paused one with an approval response.
+    let (_, paused) = respond(&s, &s.acme, write.clone()).await;
+    let request = items(&paused, "mcp_approval_request")[0];
+    let (status, r) = respond(
+        &s,
+        &s.acme,
+        json!({"model": MODEL, "previous_response_id": paused["id"],
+        "tools": write["tools"], "input": [{"type": "mcp_approval_response",
+        "approval_request_id": request["id"], "approve": false, "reason": "use another file"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    let rejected_out = items(&r, "function_call_output");
+    assert!(
+        rejected_out.iter().any(
+            |o| o["output"] == "error: the call was rejected by its approver: use another file"
+        ),
+        "{r}"
+    );
+
+    // A paused run can be cancelled; then nothing answers it.
+    let (_, paused) = respond(&s, &s.acme, write.clone()).await;
+    let id = paused["id"].as_str().unwrap();
+    let (status, cancelled) = call(
+        &s.base,
+        &s.acme,
+        reqwest::Method::POST,
+        &format!("/v1/responses/{id}/cancel"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, cancelled["status"].as_str()),
+        (200, Some("cancelled")),
+        "{cancelled}"
+    );
+    let (status, _) = call(
+        &s.base,
+        &s.acme,
+        reqwest::Method::POST,
+        &format!("/v1/responses/{id}/approve"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "a cancelled run is not resumed");
+
     // Globex holds only `read`: the write is refused outright and audited.
     let (_, r) = respond(&s, &s.globex, write).await;
     let call_id = items(&r, "function_call")[0]["call_id"].clone();
@@ -550,6 +600,55 @@ async fn client_functions_continue_with_previous_response_id_and_runs_replay() {
     assert!(
         theirs["data"].as_array().unwrap().is_empty(),
         "another tenant lists none of them"
+    );
+}
+
+#[tokio::test]
+async fn file_search_reads_only_what_the_caller_may_see() {
+    let s = server().await;
+    let docs = json!({"documents": [
+        {"id": "holidays", "title": "Holiday policy", "text": "Every employee has 25 days of paid holiday a year. Holidays are booked in the HR portal."},
+        {"id": "salaries", "title": "Salary bands", "text": "Salary bands for every grade, and the holiday bonus paid in June."}
+    ]});
+    let path = "/v1/collections/handbook/documents";
+    let (status, job) = call(&s.base, &s.acme, reqwest::Method::POST, path, Some(docs)).await;
+    assert_eq!(status, 202, "{job}");
+    let secret = json!({"documents": [{"id": "reviews", "title": "Holiday reviews", "text": "Confidential holiday reviews of staff."}], "acl": ["hr"]});
+    let (status, job2) = call(&s.base, &s.acme, reqwest::Method::POST, path, Some(secret)).await;
+    assert_eq!(status, 202, "{job2}");
+    for job in [job, job2] {
+        let at = format!(
+            "/v1/collections/handbook/jobs/{}",
+            job["id"].as_str().unwrap()
+        );
+        for _ in 0..600 {
+            let (_, j) = call(&s.base, &s.acme, reqwest::Method::GET, &at, None).await;
+            if j["status"] == "succeeded" {
+                break;
+            }
+            assert_ne!(j["status"], "failed", "{j}");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+    let ask = json!({"model": MODEL, "input": "How many days of holiday do I get?",
+        "tools": [{"type": "file_search", "vector_store_ids": ["handbook"]}], "tool_choice": "required"});
+    let (status, r) = respond(&s, &s.acme, ask.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    let search = items(&r, "function_call")[0];
+    assert_eq!(search["name"], "file_search");
+    let out = output_of(&r, &search["call_id"]).unwrap();
+    assert!(out.contains("[1]") && out.contains("handbook/"), "{out}");
+    assert!(
+        !out.contains("reviews"),
+        "a document of a group the caller is not in: {out}"
+    );
+    // Globex has no collection of that name: the search fails, and the model is told.
+    let (_, r) = respond(&s, &s.globex, ask).await;
+    let search = items(&r, "function_call")[0];
+    let out = output_of(&r, &search["call_id"]).unwrap();
+    assert!(
+        out.starts_with("error:") && out.contains("No collection"),
+        "{out}"
     );
 }
 

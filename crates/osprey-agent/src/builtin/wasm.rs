@@ -167,8 +167,10 @@ impl Sandbox {
     pub fn run(&self, code: &[u8], stdin: &str, args: &[String]) -> Result<WasmOutput, String> {
         let (module, compile) = self.module(code)?;
         let c = &self.config;
-        let stdout = MemoryOutputPipe::new(c.max_output_bytes);
-        let stderr = MemoryOutputPipe::new(c.max_output_bytes);
+        // One byte beyond the cap: a module that fills it wrote too much. (A full pipe does not
+        // trap; the guest's writes just start failing, so the cap is checked afterwards.)
+        let stdout = MemoryOutputPipe::new(c.max_output_bytes + 1);
+        let stderr = MemoryOutputPipe::new(c.max_output_bytes + 1);
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdin(MemoryInputPipe::new(stdin.as_bytes().to_vec()))
             .stdout(stdout.clone())
@@ -227,7 +229,7 @@ impl Sandbox {
                         _ => {
                             let text = format!("{e:#}");
                             if text.contains("beyond capacity") {
-                                format!("the module wrote more than {} bytes", c.max_output_bytes)
+                                too_much(c.max_output_bytes)
                             } else if text.contains("memory") && text.contains("limit") {
                                 format!(
                                     "the module asked for more than {} bytes of memory",
@@ -241,10 +243,14 @@ impl Sandbox {
                 }
             }
         };
+        let (stdout, stderr) = (stdout.contents(), stderr.contents());
+        if stdout.len().max(stderr.len()) > c.max_output_bytes {
+            return Err(too_much(c.max_output_bytes));
+        }
         Ok(WasmOutput {
             exit_code,
-            stdout: String::from_utf8_lossy(&stdout.contents()).into_owned(),
-            stderr: String::from_utf8_lossy(&stderr.contents()).into_owned(),
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
             fuel_used,
             compile,
             run,
@@ -358,4 +364,8 @@ impl Tool for WasmModuleTool {
                 .call(self.code.clone(), arguments.to_string(), Vec::new()),
         )
     }
+}
+
+fn too_much(cap: usize) -> String {
+    format!("the module wrote more than {cap} bytes")
 }

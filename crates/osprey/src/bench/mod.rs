@@ -12,10 +12,12 @@
 //!   chunks/s, query latency at several concurrencies) on a known-item corpus.
 //! - `osprey bench structured`: constrained decoding's cost per token (same run, free vs under
 //!   a schema), each mask's cost, and the schema validity rate over varied schemas.
+//! - `osprey bench sandbox`: the wasm sandbox's set-up, compile and call latency.
 
 mod guards;
 mod model;
 mod rag;
+mod sandbox;
 mod serve;
 mod structured;
 
@@ -34,6 +36,8 @@ pub enum BenchCommand {
     Rag(rag::RagBenchArgs),
     /// Structured output: constrained-decoding overhead, mask cost, schema validity rate.
     Structured(structured::StructuredBenchArgs),
+    /// The wasm sandbox: set-up, compile and call latency.
+    Sandbox(sandbox::SandboxBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -43,5 +47,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Guards(args) => guards::run(args),
         BenchCommand::Rag(args) => rag::run(args),
         BenchCommand::Structured(args) => structured::run(args),
+        BenchCommand::Sandbox(args) => sandbox::run(args),
     }
 }

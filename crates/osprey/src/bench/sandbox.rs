@@ -1,0 +1,89 @@
+//! `osprey bench sandbox`: what the wasmtime sandbox costs: setting it up (engine and epoch
+//! thread), compiling a module (cold, then from the cache), and a call (instantiate a WASI
+//! module with fresh limits, run it, read its output), alone and as the `wasm_exec` tool does
+//! it (on a blocking thread).
+
+use std::time::Instant;
+
+use clap::Args;
+use osprey_agent::Tool;
+use osprey_agent::builtin::wasm::{Sandbox, WasmConfig, WasmExec};
+
+/// `osprey bench sandbox`.
+#[derive(Args, Debug)]
+pub struct SandboxBenchArgs {
+    /// Calls timed.
+    #[arg(long, default_value_t = 500)]
+    calls: usize,
+}
+
+/// Prints "hello" and exits.
+const HELLO: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "hello\n")
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 6))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
+
+fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
+    (at(0.5), at(0.99))
+}
+
+pub fn run(args: SandboxBenchArgs) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let sandbox = Sandbox::new(WasmConfig::default()).map_err(anyhow::Error::msg)?;
+    println!(
+        "sandbox set up (engine, epoch thread): {:.2} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    let first = sandbox
+        .run(HELLO.as_bytes(), "", &[])
+        .map_err(anyhow::Error::msg)?;
+    println!(
+        "first call: compile {:.2} ms, run {:.3} ms",
+        first.compile.as_secs_f64() * 1e3,
+        first.run.as_secs_f64() * 1e3
+    );
+    let mut direct = Vec::new();
+    for _ in 0..args.calls {
+        let t = Instant::now();
+        let out = sandbox
+            .run(HELLO.as_bytes(), "", &[])
+            .map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            out.stdout == "hello\n",
+            "unexpected output {:?}",
+            out.stdout
+        );
+        direct.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let (p50, p99) = quantiles(direct);
+    println!(
+        "call (cached module, fresh store and WASI context), {} calls: p50 {p50:.3} ms, p99 {p99:.3} ms",
+        args.calls
+    );
+    let tool = WasmExec::new(sandbox);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let mut via_tool = Vec::new();
+    rt.block_on(async {
+        for _ in 0..args.calls {
+            let t = Instant::now();
+            tool.call(serde_json::json!({"wat": HELLO}))
+                .await
+                .map_err(|e| anyhow::anyhow!(e.message))?;
+            via_tool.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        anyhow::Ok(())
+    })?;
+    let (p50, p99) = quantiles(via_tool);
+    println!(
+        "wasm_exec tool call (JSON in and out, blocking thread): p50 {p50:.3} ms, p99 {p99:.3} ms"
+    );
+    Ok(())
+}
