@@ -1,6 +1,6 @@
 //! Choosing the next token: penalties, biases, temperature, top-k/top-p/min-p, seeded RNG.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use osprey_core::SamplingParams;
 use rand::{Rng, SeedableRng};
@@ -28,6 +28,27 @@ pub struct Sampled {
     pub logprob: Option<TokenLogprob>,
 }
 
+/// Tokens of one repeated cycle that make a loop (see [`Sampler::sample`]'s grammar case).
+const LOOP_SPAN: usize = 16;
+/// Output tokens the loop guard remembers.
+const LOOP_WINDOW: usize = 32;
+/// Once a sequence has looped, what each recent use of a token takes off its logit.
+const LOOP_PENALTY: f32 = 1.0;
+/// The longest cycle looked for.
+const LOOP_PERIOD: usize = 4;
+
+/// The token that would continue a loop filling the last [`LOOP_SPAN`] tokens of `recent`,
+/// if they are one cycle of at most [`LOOP_PERIOD`] tokens repeated.
+fn loop_continuation(recent: &VecDeque<u32>) -> Option<u32> {
+    let n = recent.len();
+    if n < LOOP_SPAN {
+        return None;
+    }
+    (1..=LOOP_PERIOD)
+        .find(|&p| (n - LOOP_SPAN + p..n).all(|i| recent[i] == recent[i - p]))
+        .map(|p| recent[n - p])
+}
+
 /// The per-sequence sampler: its parameters, random state and token history.
 pub struct Sampler {
     params: SamplingParams,
@@ -37,6 +58,10 @@ pub struct Sampler {
     /// Tokens of prompt and output (repetition penalty).
     seen: HashSet<u32>,
     generated: usize,
+    /// The last [`LOOP_WINDOW`] output tokens (the loop guard under a grammar).
+    recent: VecDeque<u32>,
+    /// Whether the loop guard has had to break a loop.
+    looped: bool,
     /// Tokens that may not be chosen before `min_tokens` (EOS, end-of-turn, stop ids).
     enders: Vec<u32>,
 }
@@ -56,6 +81,8 @@ impl Sampler {
             output_counts: HashMap::new(),
             seen,
             generated: 0,
+            recent: VecDeque::with_capacity(LOOP_WINDOW),
+            looped: false,
             enders,
         }
     }
@@ -79,6 +106,7 @@ impl Sampler {
         self.apply_penalties(logits, allowed.is_none());
         if let Some(allowed) = allowed {
             apply_mask(logits, allowed);
+            self.break_loop(logits);
         }
         let id = if self.params.is_greedy() {
             argmax(logits)
@@ -94,7 +122,39 @@ impl Sampler {
         Sampled { id, logprob }
     }
 
+    /// Under a grammar, a model stuck in a loop (`"status": "champion_champion_…"`, `1.0000…`)
+    /// would run to `max_tokens` and leave output that does not parse. When the last
+    /// [`LOOP_SPAN`] tokens repeat one cycle of at most [`LOOP_PERIOD`] tokens, the token that
+    /// would go round again is ruled out, if the grammar allows anything else; and from then
+    /// on each token loses [`LOOP_PENALTY`] per use in the last [`LOOP_WINDOW`], so the model
+    /// does not slip into a longer cycle but moves on (a closing quote, a closing brace).
+    fn break_loop(&mut self, logits: &mut [f32]) {
+        let next = loop_continuation(&self.recent);
+        self.looped |= next.is_some();
+        if self.looped {
+            for &t in &self.recent {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= LOOP_PENALTY;
+                }
+            }
+        }
+        let Some(next) = next else {
+            return;
+        };
+        let alternatives = logits
+            .iter()
+            .enumerate()
+            .any(|(i, l)| i != next as usize && l.is_finite());
+        if alternatives && let Some(l) = logits.get_mut(next as usize) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+
     fn record(&mut self, id: u32) {
+        if self.recent.len() == LOOP_WINDOW {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(id);
         self.generated += 1;
         *self.output_counts.entry(id).or_default() += 1;
         if self.params.repetition_penalty != 1.0 {
@@ -332,6 +392,57 @@ mod tests {
         let mut s = Sampler::new(params(|p| p.top_p = 0.5), 3, &[], vec![]);
         for _ in 0..100 {
             assert_eq!(s.sample(&mut [4.0, 1.0, 1.0, 0.0], None).id, 0);
+        }
+    }
+
+    #[test]
+    fn a_loop_under_a_grammar_is_broken_and_only_there() {
+        let cycle =
+            |p: usize| -> VecDeque<u32> { (0..LOOP_SPAN as u32).map(|i| i % p as u32).collect() };
+        assert_eq!(loop_continuation(&cycle(1)), Some(0));
+        assert_eq!(loop_continuation(&cycle(3)), Some(16 % 3));
+        assert_eq!(
+            loop_continuation(&cycle(LOOP_PERIOD + 1)),
+            None,
+            "a longer cycle is not a loop"
+        );
+        let mut short = cycle(1);
+        short.pop_back();
+        assert_eq!(loop_continuation(&short), None, "too short to tell");
+
+        let params = SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(params.clone(), 0, &[], Vec::new());
+        let mut all = SimpleVob::alloc(3);
+        all.allow_token(0);
+        all.allow_token(1);
+        let mut only_zero = SimpleVob::alloc(3);
+        only_zero.allow_token(0);
+        let picks: Vec<u32> = (0..LOOP_SPAN + 2)
+            .map(|_| s.sample(&mut [2.0, 1.0, 0.0], Some(&all)).id)
+            .collect();
+        assert_eq!(picks[..LOOP_SPAN], [0; LOOP_SPAN]);
+        assert_eq!(
+            picks[LOOP_SPAN], 1,
+            "the loop is broken by the grammar's next choice"
+        );
+        let mut s = Sampler::new(params.clone(), 0, &[], Vec::new());
+        for _ in 0..LOOP_SPAN + 2 {
+            assert_eq!(
+                s.sample(&mut [2.0, 1.0, 0.0], Some(&only_zero)).id,
+                0,
+                "nothing else is allowed"
+            );
+        }
+        let mut s = Sampler::new(params.clone(), 0, &[], Vec::new());
+        for _ in 0..LOOP_SPAN + 2 {
+            assert_eq!(
+                s.sample(&mut [2.0, 1.0, 0.0], None).id,
+                0,
+                "free text is left alone"
+            );
         }
     }
 

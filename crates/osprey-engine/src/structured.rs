@@ -30,46 +30,74 @@ fn json_options(strict: bool) -> Value {
     })
 }
 
-/// Characters a string may have when its schema sets no `maxLength`.
-pub const DEFAULT_MAX_STRING: usize = 1000;
+/// Characters a string may have when its schema sets no `maxLength` (as in
+/// [`Grammar::JsonObject`]).
+pub const DEFAULT_MAX_STRING: usize = STRING_CHARS;
 
-/// Gives every string type without a `maxLength` (or an `enum` or `const`) a `maxLength` of
-/// [`DEFAULT_MAX_STRING`]: an unbounded string is where a model loops without end, and a
-/// bounded one is still valid under the schema.
-fn bound_strings(schema: &mut Value) {
-    match schema {
-        Value::Object(map) => {
-            let is_string = match map.get("type") {
-                Some(Value::String(t)) => t == "string",
-                Some(Value::Array(ts)) => ts.iter().any(|t| t == "string"),
-                _ => false,
-            };
-            let bounded = ["maxLength", "enum", "const"]
-                .iter()
-                .any(|k| map.contains_key(*k));
-            if is_string && !bounded {
-                map.insert("maxLength".into(), DEFAULT_MAX_STRING.into());
-            }
-            for (key, value) in map.iter_mut() {
-                // Values of these keys are data, not schemas.
-                if !matches!(key.as_str(), "enum" | "const" | "default" | "examples") {
-                    bound_strings(value);
+/// Narrows a schema to what generation needs, so that whatever is generated still validates
+/// under the schema as given:
+/// - a string type without a `maxLength` (or an `enum` or `const`) gets a `maxLength` of
+///   [`DEFAULT_MAX_STRING`]: an unbounded string is where a model loops without end;
+/// - an object that lists `properties` and says nothing of other members (no
+///   `additionalProperties`, `patternProperties` or `unevaluatedProperties`, and not a part
+///   of an `allOf`) gets `additionalProperties: false`: the members it names are the ones
+///   asked for, and a small model otherwise invents members until `max_tokens`.
+fn narrow_for_generation(schema: &mut Value, in_all_of: bool) {
+    let Value::Object(map) = schema else {
+        if let Value::Array(items) = schema {
+            items
+                .iter_mut()
+                .for_each(|s| narrow_for_generation(s, in_all_of));
+        }
+        return;
+    };
+    let is_string = match map.get("type") {
+        Some(Value::String(t)) => t == "string",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "string"),
+        _ => false,
+    };
+    let bounded = ["maxLength", "enum", "const"]
+        .iter()
+        .any(|k| map.contains_key(*k));
+    if is_string && !bounded {
+        map.insert("maxLength".into(), DEFAULT_MAX_STRING.into());
+    }
+    let open = [
+        "additionalProperties",
+        "patternProperties",
+        "unevaluatedProperties",
+    ]
+    .iter()
+    .any(|k| map.contains_key(*k));
+    if map.contains_key("properties") && !open && !in_all_of {
+        map.insert("additionalProperties".into(), false.into());
+    }
+    for (key, value) in map.iter_mut() {
+        match key.as_str() {
+            // Maps of names to schemas: every value is a schema, whatever its name.
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                if let Value::Object(named) = value {
+                    named
+                        .values_mut()
+                        .for_each(|s| narrow_for_generation(s, false));
                 }
             }
+            "allOf" => narrow_for_generation(value, true),
+            // Values of these keys are data, not schemas.
+            "enum" | "const" | "default" | "examples" | "required" => {}
+            _ => narrow_for_generation(value, false),
         }
-        Value::Array(items) => items.iter_mut().for_each(bound_strings),
-        _ => {}
     }
 }
 
 /// A JSON schema as Osprey compiles it: Osprey's writing options (see [`json_options`]) set,
-/// unless the schema sets its own `x-guidance`, and unbounded strings bounded
-/// ([`DEFAULT_MAX_STRING`]).
+/// unless the schema sets its own `x-guidance`, and narrowed for generation (see
+/// [`narrow_for_generation`]).
 pub fn with_json_options(schema: &Value, strict: bool) -> Value {
     match schema {
         Value::Object(map) if !map.contains_key("x-guidance") => {
             let mut schema = Value::Object(map.clone());
-            bound_strings(&mut schema);
+            narrow_for_generation(&mut schema, false);
             if let Value::Object(map) = &mut schema {
                 map.insert("x-guidance".into(), json_options(strict));
             }
@@ -241,13 +269,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unbounded_strings_get_a_bound_and_nothing_else_changes() {
+    fn unbounded_strings_get_a_bound_and_unnamed_members_are_not_generated() {
         let schema = serde_json::json!({"type": "object", "properties": {
             "a": {"type": "string"}, "b": {"type": "string", "maxLength": 5},
             "c": {"enum": ["x"]}, "d": {"type": ["string", "null"]},
-            "e": {"type": "array", "items": {"type": "string"}}, "f": {"type": "integer"}}});
+            "e": {"type": "array", "items": {"type": "string"}}, "f": {"type": "integer"},
+            "enum": {"type": "string"},
+            "g": {"type": "object", "properties": {"h": {}}, "additionalProperties": true},
+            "i": {"allOf": [{"properties": {"j": {}}}]}}});
         let out = with_json_options(&schema, true);
         let p = &out["properties"];
+        assert_eq!(out["additionalProperties"], false);
+        assert_eq!(
+            p["g"]["additionalProperties"], true,
+            "a schema's own word is kept"
+        );
+        assert!(
+            p["i"]["allOf"][0].get("additionalProperties").is_none(),
+            "allOf parts intersect: closing one would refuse the others' members"
+        );
+        assert_eq!(
+            p["enum"]["maxLength"], DEFAULT_MAX_STRING,
+            "a property named like a keyword"
+        );
         assert_eq!(p["a"]["maxLength"], DEFAULT_MAX_STRING);
         assert_eq!(p["b"]["maxLength"], 5);
         assert!(p["c"].get("maxLength").is_none() && p["f"].get("maxLength").is_none());

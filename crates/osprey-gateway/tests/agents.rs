@@ -4,17 +4,19 @@
 //! API, scopes refused and audited, runs stored, listed, streamed and replayed, and bad input in
 //! the error envelope.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use osprey_agent::builtin::calculator;
 use osprey_agent::mcp::McpServerConfig;
 use osprey_agent::{AgentConfig, Budget, Scopes};
+use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{EdgeConfig, TenantConfig};
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
-use osprey_gateway::{AppState, HttpConfig};
 use osprey_store::{NewKey, Store};
 use serde_json::{Value, json};
 
@@ -119,17 +121,7 @@ async fn server() -> Server {
         .with_library(osprey_rag::Library::new(library.path().to_owned()))
         .with_agents(agent);
     state.set_engine(osprey_testkit::shared_engine());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        osprey_gateway::serve(
-            listener,
-            state,
-            &HttpConfig::default(),
-            std::future::pending(),
-        )
-        .await
-    });
+    let base = common::serve(state).await;
     // The HTTP MCP server needs a moment to listen.
     for _ in 0..100 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -141,7 +133,7 @@ async fn server() -> Server {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     Server {
-        base: format!("http://{addr}"),
+        base,
         acme,
         globex,
         files,

@@ -3,7 +3,9 @@
 //! shapes whole and streamed, `role: tool` messages taken back in, and bad input refused in the
 //! error envelope.
 
-use osprey_gateway::{AppState, HttpConfig};
+mod common;
+
+use osprey_gateway::AppState;
 use serde_json::{Value, json};
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -11,18 +13,7 @@ const MODEL: &str = "smollm2-135m-instruct";
 async fn server() -> String {
     let state = AppState::new(MODEL);
     state.set_engine(osprey_testkit::shared_engine());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        osprey_gateway::serve(
-            listener,
-            state,
-            &HttpConfig::default(),
-            std::future::pending(),
-        )
-        .await
-    });
-    format!("http://{addr}")
+    common::serve(state).await
 }
 
 async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {

@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::responses::{answer_of, list_json, steps_json};
+use super::responses::{decide, list_json, steps_json};
 use crate::agent::runner;
 use crate::error::{ApiError, store_error};
 use crate::state::AppState;
@@ -66,26 +66,12 @@ async fn read(
     Ok(Json(shown))
 }
 
-async fn decide(
-    state: &AppState,
-    id: &str,
-    body: &Bytes,
-    approve: bool,
-) -> Result<Response, ApiError> {
-    let answer = answer_of(body)?;
-    let stored = runner::load(state, None, id).await?;
-    tracing::info!(run = %id, approve, "an operator answered an approval request");
-    let approval = answer.approval_request_id.as_deref();
-    let (response, _) = runner::resume(state, stored, approval, approve, answer.reason).await?;
-    Ok(response)
-}
-
 async fn approve(
     State(state): State<AppState>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    decide(&state, &id, &body, true).await
+    decide(&state, None, &id, &body, true).await
 }
 
 async fn reject(
@@ -93,7 +79,7 @@ async fn reject(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    decide(&state, &id, &body, false).await
+    decide(&state, None, &id, &body, false).await
 }
 
 #[derive(Deserialize)]

@@ -126,7 +126,7 @@ async fn list(
 /// An approval or rejection.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Answer {
+struct Answer {
     /// The request answered (default: the run's only pending one).
     pub approval_request_id: Option<String>,
     /// Why.
@@ -134,22 +134,27 @@ pub struct Answer {
 }
 
 /// Parses an optional JSON body as an [`Answer`].
-pub fn answer_of(body: &Bytes) -> Result<Answer, Error> {
+fn answer_of(body: &Bytes) -> Result<Answer, Error> {
     match body.is_empty() {
         true => Ok(Answer::default()),
         false => osprey_core::api::parse_json(body),
     }
 }
 
-async fn decide(
+/// Approves (or rejects) a paused run's call as `body` says and resumes it; `owner` is the
+/// caller's (`None`: an operator's, who may answer any run).
+pub async fn decide(
     state: &AppState,
-    caller: &Caller,
+    owner: Option<&osprey_store::Owner>,
     id: &str,
     body: &Bytes,
     approve: bool,
 ) -> Result<Response, ApiError> {
     let answer = answer_of(body)?;
-    let stored = runner::load(state, Some(&caller.owner(None)), id).await?;
+    let stored = runner::load(state, owner, id).await?;
+    if owner.is_none() {
+        tracing::info!(run = %id, approve, "an operator answered an approval request");
+    }
     let approval = answer.approval_request_id.as_deref();
     let (response, _) = runner::resume(state, stored, approval, approve, answer.reason).await?;
     Ok(response)
@@ -161,7 +166,7 @@ async fn approve(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    decide(&state, &caller, &id, &body, true).await
+    decide(&state, Some(&caller.owner(None)), &id, &body, true).await
 }
 
 async fn reject(
@@ -170,7 +175,7 @@ async fn reject(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    decide(&state, &caller, &id, &body, false).await
+    decide(&state, Some(&caller.owner(None)), &id, &body, false).await
 }
 
 async fn cancel(
