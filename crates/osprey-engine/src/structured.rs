@@ -42,6 +42,9 @@ pub const DEFAULT_MAX_STRING: usize = STRING_CHARS;
 ///   `additionalProperties`, `patternProperties` or `unevaluatedProperties`, and not a part
 ///   of an `allOf`) gets `additionalProperties: false`: the members it names are the ones
 ///   asked for, and a small model otherwise invents members until `max_tokens`.
+///
+/// Conditions and negations (`if`, `not`) are left as they are: narrowing them would widen
+/// what the schema accepts.
 fn narrow_for_generation(schema: &mut Value, in_all_of: bool) {
     let Value::Object(map) = schema else {
         if let Value::Array(items) = schema {
@@ -83,6 +86,8 @@ fn narrow_for_generation(schema: &mut Value, in_all_of: bool) {
                 }
             }
             "allOf" => narrow_for_generation(value, true),
+            // Narrowing a condition or a negation would widen what the schema accepts.
+            "not" | "if" => {}
             // Values of these keys are data, not schemas.
             "enum" | "const" | "default" | "examples" | "required" => {}
             _ => narrow_for_generation(value, false),
@@ -276,7 +281,8 @@ mod tests {
             "e": {"type": "array", "items": {"type": "string"}}, "f": {"type": "integer"},
             "enum": {"type": "string"},
             "g": {"type": "object", "properties": {"h": {}}, "additionalProperties": true},
-            "i": {"allOf": [{"properties": {"j": {}}}]}}});
+            "i": {"allOf": [{"properties": {"j": {}}}]},
+            "k": {"type": "string", "not": {"type": "string", "properties": {"l": {}}}}}});
         let out = with_json_options(&schema, true);
         let p = &out["properties"];
         assert_eq!(out["additionalProperties"], false);
@@ -291,6 +297,10 @@ mod tests {
         assert_eq!(
             p["enum"]["maxLength"], DEFAULT_MAX_STRING,
             "a property named like a keyword"
+        );
+        assert_eq!(
+            p["k"]["not"], schema["properties"]["k"]["not"],
+            "a negation is left as it is"
         );
         assert_eq!(p["a"]["maxLength"], DEFAULT_MAX_STRING);
         assert_eq!(p["b"]["maxLength"], 5);
