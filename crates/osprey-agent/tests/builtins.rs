@@ -6,18 +6,9 @@ use std::time::{Duration, Instant};
 
 use osprey_agent::builtin::http_fetch::{HttpFetch, HttpFetchConfig};
 use osprey_agent::builtin::sql::{SqlConfig, SqlQuery};
-use osprey_agent::builtin::wasm::{Sandbox, WasmConfig};
+use osprey_agent::builtin::wasm::{HELLO_WAT, Sandbox, WasmConfig};
 use osprey_agent::{Tool, ToolError};
 use serde_json::{Value, json};
-
-const HELLO: &str = r#"(module
-  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
-  (memory (export "memory") 1)
-  (data (i32.const 16) "hello\n")
-  (func (export "_start")
-    (i32.store (i32.const 0) (i32.const 16))
-    (i32.store (i32.const 4) (i32.const 6))
-    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
 
 /// Copies stdin to stdout (up to 1 KiB).
 const ECHO: &str = r#"(module
@@ -66,14 +57,14 @@ fn wasm_modules_run_within_their_limits() {
         ..WasmConfig::default()
     })
     .unwrap();
-    let out = sandbox.run(HELLO.as_bytes(), "", &[]).unwrap();
+    let out = sandbox.run(HELLO_WAT.as_bytes(), "", &[]).unwrap();
     assert_eq!((out.exit_code, out.stdout.as_str()), (0, "hello\n"));
     assert!(
         out.fuel_used > 0 && out.fuel_used < 1000,
         "{}",
         out.fuel_used
     );
-    let again = sandbox.run(HELLO.as_bytes(), "", &[]).unwrap();
+    let again = sandbox.run(HELLO_WAT.as_bytes(), "", &[]).unwrap();
     assert_eq!(
         again.compile,
         Duration::ZERO,

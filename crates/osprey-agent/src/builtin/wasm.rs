@@ -369,3 +369,13 @@ impl Tool for WasmModuleTool {
 fn too_much(cap: usize) -> String {
     format!("the module wrote more than {cap} bytes")
 }
+
+/// The smallest WASI program: prints `hello` and a newline (the sandbox's test and benchmark).
+pub const HELLO_WAT: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "hello\n")
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 6))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;

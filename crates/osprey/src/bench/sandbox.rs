@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::Args;
 use osprey_agent::Tool;
-use osprey_agent::builtin::wasm::{Sandbox, WasmConfig, WasmExec};
+use osprey_agent::builtin::wasm::{HELLO_WAT, Sandbox, WasmConfig, WasmExec};
 
 /// `osprey bench sandbox`.
 #[derive(Args, Debug)]
@@ -16,16 +16,6 @@ pub struct SandboxBenchArgs {
     #[arg(long, default_value_t = 500)]
     calls: usize,
 }
-
-/// Prints "hello" and exits.
-const HELLO: &str = r#"(module
-  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
-  (memory (export "memory") 1)
-  (data (i32.const 16) "hello\n")
-  (func (export "_start")
-    (i32.store (i32.const 0) (i32.const 16))
-    (i32.store (i32.const 4) (i32.const 6))
-    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
 
 fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
@@ -41,7 +31,7 @@ pub fn run(args: SandboxBenchArgs) -> anyhow::Result<()> {
         t.elapsed().as_secs_f64() * 1e3
     );
     let first = sandbox
-        .run(HELLO.as_bytes(), "", &[])
+        .run(HELLO_WAT.as_bytes(), "", &[])
         .map_err(anyhow::Error::msg)?;
     println!(
         "first call: compile {:.2} ms, run {:.3} ms",
@@ -52,7 +42,7 @@ pub fn run(args: SandboxBenchArgs) -> anyhow::Result<()> {
     for _ in 0..args.calls {
         let t = Instant::now();
         let out = sandbox
-            .run(HELLO.as_bytes(), "", &[])
+            .run(HELLO_WAT.as_bytes(), "", &[])
             .map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
             out.stdout == "hello\n",
@@ -74,7 +64,7 @@ pub fn run(args: SandboxBenchArgs) -> anyhow::Result<()> {
     rt.block_on(async {
         for _ in 0..args.calls {
             let t = Instant::now();
-            tool.call(serde_json::json!({"wat": HELLO}))
+            tool.call(serde_json::json!({"wat": HELLO_WAT}))
                 .await
                 .map_err(|e| anyhow::anyhow!(e.message))?;
             via_tool.push(t.elapsed().as_secs_f64() * 1e3);
