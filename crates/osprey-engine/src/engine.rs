@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 
 use osprey_core::{Error, ErrorKind};
-use osprey_models::{GgufFile, KvCache, LlamaModel, ModelError};
+use osprey_models::{KvCache, ModelError, Transformer};
 
 use crate::chat_template::TemplateMessage;
 use crate::engine_loop::{Command, EngineLoop, LoopSetup};
@@ -151,11 +151,10 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Loads the GGUF model at `path` and starts the engine thread.
+    /// Loads the model at `path` (a GGUF file or a checkpoint directory) and starts the
+    /// engine thread.
     pub fn load(path: &Path, config: EngineConfig) -> Result<Self, ModelError> {
-        let gguf = GgufFile::open(path)?;
-        let (model, prompter) =
-            rayon::join(|| LlamaModel::load(&gguf), || Prompter::from_gguf(&gguf));
+        let (model, prompter) = rayon::join(|| Transformer::open(path), || Prompter::load(path));
         let (model, prompter) = (model?, prompter?);
         let mc = model.config().clone();
         let max_model_len = config

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use osprey_core::metrics as names;
 use osprey_core::{Error, FinishReason};
-use osprey_models::{BatchSeq, ForwardBatch, ForwardScratch, KvCache, LlamaModel, LogitsWanted};
+use osprey_models::{BatchSeq, ForwardBatch, ForwardScratch, KvCache, Transformer, LogitsWanted};
 use rayon::prelude::*;
 
 use crate::engine::EngineStats;
@@ -27,7 +27,7 @@ pub enum Command {
 
 /// What the engine thread is built from.
 pub struct LoopSetup {
-    pub model: LlamaModel,
+    pub model: Transformer,
     pub kv: KvCache,
     pub scheduler: SchedulerConfig,
     pub prefix_caching: bool,
@@ -40,7 +40,7 @@ pub struct LoopSetup {
 
 /// State owned by the engine thread.
 pub struct EngineLoop {
-    model: LlamaModel,
+    model: Transformer,
     kv: KvCache,
     kv_manager: SharedKvCacheManager,
     scheduler: Scheduler,

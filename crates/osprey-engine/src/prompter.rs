@@ -39,9 +39,10 @@ impl Prompter {
         })
     }
 
-    /// Loads only the tokenizer and template of the GGUF file at `path`.
+    /// Loads only the tokenizer and template of the model at `path` (a GGUF file or a
+    /// checkpoint directory).
     pub fn load(path: &std::path::Path) -> Result<Self, ModelError> {
-        Self::from_gguf(&GgufFile::open(path)?)
+        Self::from_gguf(&GgufFile::open(&osprey_models::checkpoint::tokenizer_file(path))?)
     }
 
     /// The tokenizer.

@@ -1,10 +1,13 @@
 //! The shape of a Llama-family model, read from GGUF metadata.
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
 /// Which Llama-family layout the file uses; they differ only in details.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Arch {
     /// Llama 1–3, SmolLM, and most fine-tunes.
     Llama,
@@ -15,7 +18,8 @@ pub enum Arch {
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RopeStyle {
     /// Adjacent pairs `(x[2i], x[2i+1])`: GGUF's Llama layout (Q/K rows permuted at conversion).
     Interleaved,
@@ -24,7 +28,7 @@ pub enum RopeStyle {
 }
 
 /// Rotary position embedding parameters.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RopeConfig {
     /// Base of the geometric frequency series (`rope.freq_base`).
     pub base: f32,
@@ -39,7 +43,7 @@ pub struct RopeConfig {
 }
 
 /// Everything the forward pass needs to know about the model's shape.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     /// Layout family.
     pub arch: Arch,

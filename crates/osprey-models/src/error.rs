@@ -1,6 +1,6 @@
 //! Errors raised while loading or running a model.
 
-use candle_core::quantized::GgmlDType;
+use crate::kernels::matmul::WeightFormat;
 
 /// What can go wrong when opening a model file or running it.
 #[derive(Debug, thiserror::Error)]
@@ -32,13 +32,22 @@ pub enum ModelError {
     UnsupportedArchitecture(String),
     /// A tensor has a storage type Osprey has no kernel for.
     #[error(
-        "tensor `{tensor}` has unsupported type {dtype:?} (supported: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)"
+        "tensor `{tensor}` has unsupported type {format} (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4)"
     )]
     UnsupportedTensorType {
         /// The tensor's name.
         tensor: String,
-        /// Its storage type.
-        dtype: GgmlDType,
+        /// Its storage format.
+        format: WeightFormat,
+    },
+    /// A sharded checkpoint is incomplete or inconsistent: a shard missing, truncated or
+    /// corrupt, an index entry pointing nowhere, a shape that disagrees with the config.
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint {
+        /// The file at fault (a shard, the index or the config).
+        path: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A tensor the architecture needs is absent.
     #[error("tensor `{0}` is missing from the model file")]

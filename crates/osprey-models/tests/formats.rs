@@ -9,13 +9,13 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use osprey_models::{
-    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, LlamaModel, LogitsWanted, ModelError,
+    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, Transformer, LogitsWanted, ModelError,
 };
 use osprey_testkit::{default_model, golden};
 
 /// Perplexity of the model at `path` on the first `n` tokens of the golden perplexity text.
 fn perplexity(path: &Path, n: usize) -> f64 {
-    let model = LlamaModel::load(&GgufFile::open(path).unwrap()).unwrap();
+    let model = Transformer::load(&GgufFile::open(path).unwrap()).unwrap();
     let ids = &golden().perplexity.ids[..n];
     let mut kv = KvCache::new(model.config(), ids.len().div_ceil(16));
     let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
@@ -230,7 +230,7 @@ fn unsupported_architectures_are_a_clear_error() {
             meta.insert("general.architecture".into(), Value::String("gpt2".into()));
         },
     );
-    let err = LlamaModel::load(&GgufFile::open(&path).unwrap())
+    let err = Transformer::load(&GgufFile::open(&path).unwrap())
         .err()
         .expect("must not load");
     assert!(

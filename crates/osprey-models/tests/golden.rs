@@ -1,17 +1,17 @@
 //! The forward pass against llama.cpp's outputs on the same GGUF (osprey-testkit's golden file).
 
 use osprey_models::{
-    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, LlamaModel, LogitsWanted,
+    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, Transformer, LogitsWanted,
 };
 use osprey_testkit::{default_model, golden};
 
-fn load() -> LlamaModel {
+fn load() -> Transformer {
     let gguf = GgufFile::open(&default_model()).unwrap();
-    LlamaModel::load(&gguf).unwrap()
+    Transformer::load(&gguf).unwrap()
 }
 
 /// Log-softmax of every position of `ids`, computed in one forward pass.
-fn all_logprobs(model: &LlamaModel, ids: &[u32]) -> Vec<Vec<f32>> {
+fn all_logprobs(model: &Transformer, ids: &[u32]) -> Vec<Vec<f32>> {
     let mut kv = KvCache::new(model.config(), ids.len().div_ceil(16));
     let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
     let seqs = [BatchSeq {

@@ -45,6 +45,10 @@ pub enum Command {
     /// Check a config file.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Write a model as a sharded safetensors checkpoint in MXFP4 (or F16/BF16/F32).
+    Quantize(crate::convert::QuantizeArgs),
+    /// Turn a dense model into a k3 (LatentMoE + AttnRes) checkpoint.
+    Upcycle(crate::convert::UpcycleArgs),
 }
 
 /// `osprey config ...`

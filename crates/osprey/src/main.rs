@@ -4,6 +4,7 @@
 mod bench;
 mod cli;
 mod config;
+mod convert;
 mod flags;
 mod keys;
 mod models;
@@ -56,5 +57,7 @@ fn run() -> anyhow::Result<()> {
         cli::Command::Ingest(args) => rag::ingest(args),
         cli::Command::Search(args) => rag::search(args),
         cli::Command::Config(cli::ConfigCommand::Check { file }) => config::check(&file),
+        cli::Command::Quantize(args) => convert::run_quantize(args),
+        cli::Command::Upcycle(args) => convert::run_upcycle(args),
     }
 }

@@ -4,6 +4,7 @@
 //! ([`super::tiles`]) and run Osprey's own kernels: activations are quantized to 8 bits once,
 //! row tiles are split across the pool, and each weight tile is decoded once for up to four
 //! activation rows.
+//! MXFP4 ([`super::mxfp4`]) uses the same tiles with a lookup of its 16 `e2m1` values.
 //! Every other GGML type runs candle's `vec_dot` for its block type, tiled the same way.
 
 use candle_core::quantized::GgmlDType;
@@ -12,11 +13,53 @@ use half::{bf16, f16};
 use std::cell::RefCell;
 
 use super::blocks::{QK, QuantizedRow, QuantizedRows, blocks_from_bytes};
+use super::mxfp4::{BlockMxfp4, TileMxfp4};
 use super::par::{SharedMut, for_each_range, grain_for};
 use super::tiles::{TILE_ROWS, Tile, TileQ4_1, TileQ8_0, repack};
 
 /// Activation rows that share one decoded weight tile.
 const ROW_TILE: usize = 4;
+
+/// How a weight matrix is stored: a GGML type, or MXFP4 (17-byte [`BlockMxfp4`]s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// A GGML tensor type, bytes as in GGUF.
+    Ggml(GgmlDType),
+    /// OCP MXFP4 in ggml's block layout.
+    Mxfp4,
+}
+
+impl WeightFormat {
+    /// Elements per block.
+    pub fn block_size(self) -> usize {
+        match self {
+            Self::Ggml(d) => d.block_size(),
+            Self::Mxfp4 => QK,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn type_size(self) -> usize {
+        match self {
+            Self::Ggml(d) => d.type_size(),
+            Self::Mxfp4 => std::mem::size_of::<BlockMxfp4>(),
+        }
+    }
+
+    /// Bytes of a `rows × cols` matrix.
+    pub fn bytes(self, rows: usize, cols: usize) -> usize {
+        rows * cols / self.block_size() * self.type_size()
+    }
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Ggml(d) => write!(f, "{d:?}"),
+            Self::Mxfp4 => f.write_str("MXFP4"),
+        }
+    }
+}
 
 /// A weight matrix of `rows` outputs by `cols` inputs, in its storage format.
 pub struct QMatrix {
@@ -29,8 +72,8 @@ impl std::fmt::Debug for QMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "QMatrix({:?}, {}x{})",
-            self.dtype(),
+            "QMatrix({}, {}x{})",
+            self.format(),
             self.rows,
             self.cols
         )
@@ -38,14 +81,21 @@ impl std::fmt::Debug for QMatrix {
 }
 
 impl QMatrix {
-    /// Builds a matrix from GGML-format bytes; `None` if `dtype` has no kernel here.
+    /// Builds a matrix from bytes in `format`'s block layout; `None` if it has no kernel here.
     ///
     /// `bytes` must hold exactly `rows * cols` elements, and `cols` must be a multiple of the
-    /// type's block size (checked by the loader).
-    pub fn from_bytes(dtype: GgmlDType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+    /// format's block size (checked by the loader).
+    pub fn from_bytes(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+        let dtype = match format {
+            WeightFormat::Mxfp4 => {
+                let weights = Box::new(Tiled::<TileMxfp4>::new(format, bytes, rows, cols));
+                return Some(Self { rows, cols, weights });
+            }
+            WeightFormat::Ggml(dtype) => dtype,
+        };
         let weights: Box<dyn Weights> = match dtype {
-            GgmlDType::Q4_1 => Box::new(Tiled::<TileQ4_1>::new(dtype, bytes, rows, cols)),
-            GgmlDType::Q8_0 => Box::new(Tiled::<TileQ8_0>::new(dtype, bytes, rows, cols)),
+            GgmlDType::Q4_1 => Box::new(Tiled::<TileQ4_1>::new(format, bytes, rows, cols)),
+            GgmlDType::Q8_0 => Box::new(Tiled::<TileQ8_0>::new(format, bytes, rows, cols)),
             GgmlDType::F32 => Box::new(Ggml::<f32>::from_bytes(bytes)),
             GgmlDType::F16 => Box::new(Ggml::<f16>::from_bytes(bytes)),
             GgmlDType::BF16 => Box::new(Ggml::<bf16>::from_bytes(bytes)),
@@ -77,8 +127,13 @@ impl QMatrix {
     }
 
     /// Storage format.
-    pub fn dtype(&self) -> GgmlDType {
-        self.weights.dtype()
+    pub fn format(&self) -> WeightFormat {
+        self.weights.format()
+    }
+
+    /// Bytes of weights (what one pass over the matrix reads).
+    pub fn storage_bytes(&self) -> usize {
+        self.format().bytes(self.rows, self.cols)
     }
 
     /// `out[t][j] = Σ_k x[t][k] · W[j][k]` for each of the `x.len() / cols` rows of `x`.
@@ -101,7 +156,7 @@ impl QMatrix {
 
 /// A weight storage format and its kernels.
 trait Weights: Send + Sync {
-    fn dtype(&self) -> GgmlDType;
+    fn format(&self) -> WeightFormat;
     fn matmul(&self, x: &[f32], rows: usize, cols: usize, out: &mut [f32]);
     fn row_to_f32(&self, row: usize, cols: usize, out: &mut [f32]);
 }
@@ -113,21 +168,21 @@ thread_local! {
 /// A matrix repacked into 8-row tiles (`[row tile][block]`), with Osprey's kernels.
 struct Tiled<T> {
     tiles: Vec<T>,
-    dtype: GgmlDType,
+    format: WeightFormat,
 }
 
 impl<T: Tile> Tiled<T> {
-    fn new(dtype: GgmlDType, bytes: &[u8], rows: usize, cols: usize) -> Self {
+    fn new(format: WeightFormat, bytes: &[u8], rows: usize, cols: usize) -> Self {
         Self {
             tiles: repack(bytes, rows, cols),
-            dtype,
+            format,
         }
     }
 }
 
 impl<T: Tile> Weights for Tiled<T> {
-    fn dtype(&self) -> GgmlDType {
-        self.dtype
+    fn format(&self) -> WeightFormat {
+        self.format
     }
 
     fn matmul(&self, x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
@@ -188,8 +243,8 @@ impl<T: GgmlType> Ggml<T> {
 }
 
 impl<T: GgmlType + 'static> Weights for Ggml<T> {
-    fn dtype(&self) -> GgmlDType {
-        T::DTYPE
+    fn format(&self) -> WeightFormat {
+        WeightFormat::Ggml(T::DTYPE)
     }
 
     fn matmul(&self, x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {

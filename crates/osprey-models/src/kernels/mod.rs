@@ -2,7 +2,9 @@
 
 pub mod attention;
 pub mod blocks;
+pub mod heat;
 pub mod matmul;
+pub mod mxfp4;
 pub mod ops;
 pub mod par;
 pub mod tiles;

@@ -15,6 +15,7 @@
 //! - `osprey bench sandbox`: the wasm sandbox's set-up, compile and call latency.
 
 mod guards;
+mod k3;
 mod model;
 mod rag;
 mod sandbox;
@@ -38,6 +39,8 @@ pub enum BenchCommand {
     Structured(structured::StructuredBenchArgs),
     /// The wasm sandbox: set-up, compile and call latency.
     Sandbox(sandbox::SandboxBenchArgs),
+    /// K3 features: MXFP4 vs Q4_1 vs F16, MoEfication sweeps, KDA vs FCFS scheduling.
+    K3(Box<k3::K3BenchArgs>),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -48,5 +51,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Rag(args) => rag::run(args),
         BenchCommand::Structured(args) => structured::run(args),
         BenchCommand::Sandbox(args) => sandbox::run(args),
+        BenchCommand::K3(args) => k3::run(*args),
     }
 }

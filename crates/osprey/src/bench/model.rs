@@ -6,13 +6,13 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use osprey_models::{
-    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, LlamaModel, LogitsWanted,
+    BatchSeq, ForwardBatch, ForwardScratch, KvCache, LogitsWanted, Transformer,
 };
 
 /// Options of `osprey bench model`.
 #[derive(Args, Debug)]
 pub struct ModelBenchArgs {
-    /// GGUF file (default: the default model, fetched if needed).
+    /// GGUF file or checkpoint directory (default: the default model, fetched if needed).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Prompt tokens processed in one pass (llama-bench `-p`); 0 skips the test.
@@ -41,8 +41,7 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => crate::models::fetch_default()?,
     };
-    let gguf = GgufFile::open(&path)?;
-    let model = LlamaModel::load(&gguf).context("loading the model")?;
+    let model = Transformer::open(&path).context("loading the model")?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
         .build()?;

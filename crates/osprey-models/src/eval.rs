@@ -1,0 +1,64 @@
+//! Whole-sequence helpers on a model, outside the engine: logits of every position,
+//! perplexity, greedy continuation. Used by the conversion tests and `osprey bench k3`.
+
+use crate::batch::{BatchSeq, ForwardBatch, LogitsWanted};
+use crate::kv_cache::{BLOCK_SIZE, KvCache};
+use crate::transformer::{ForwardScratch, Transformer};
+
+/// Logits after each token of `ids` (`ids.len()` rows of `vocab_size`), in one pass.
+pub fn all_logits(model: &Transformer, ids: &[u32]) -> Vec<f32> {
+    let mut kv = KvCache::new(model.config(), ids.len().div_ceil(BLOCK_SIZE).max(1));
+    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let seqs = [BatchSeq {
+        n_tokens: ids.len(),
+        start_pos: 0,
+        block_table: &table,
+        logits: LogitsWanted::All,
+    }];
+    let mut scratch = ForwardScratch::default();
+    let batch = ForwardBatch { tokens: ids, seqs: &seqs };
+    model.forward(&batch, &mut kv, &mut scratch).to_vec()
+}
+
+/// Mean negative log-likelihood of `ids[1..]` given the tokens before, and its exponential
+/// (perplexity), from one pass.
+pub fn perplexity(model: &Transformer, ids: &[u32]) -> (f64, f64) {
+    let v = model.config().vocab_size;
+    let logits = all_logits(model, ids);
+    let mut nll = 0f64;
+    for (i, row) in logits.chunks_exact(v).take(ids.len() - 1).enumerate() {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let lse = max as f64 + row.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>().ln();
+        nll += lse - row[ids[i + 1] as usize] as f64;
+    }
+    let mean = nll / (ids.len() - 1) as f64;
+    (mean, mean.exp())
+}
+
+/// The index of the largest value (the first on ties).
+pub fn argmax(row: &[f32]) -> u32 {
+    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32
+}
+
+/// `n` greedy tokens after `prompt`, decoding one token per pass.
+pub fn greedy(model: &Transformer, prompt: &[u32], n: usize) -> Vec<u32> {
+    let v = model.config().vocab_size;
+    let mut kv = KvCache::new(model.config(), (prompt.len() + n).div_ceil(BLOCK_SIZE));
+    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let mut scratch = ForwardScratch::default();
+    let (mut tokens, mut pos, mut out) = (prompt.to_vec(), 0, Vec::with_capacity(n));
+    while out.len() < n {
+        let seqs = [BatchSeq {
+            n_tokens: tokens.len(),
+            start_pos: pos,
+            block_table: &table,
+            logits: LogitsWanted::Last,
+        }];
+        let batch = ForwardBatch { tokens: &tokens, seqs: &seqs };
+        let next = argmax(&model.forward(&batch, &mut kv, &mut scratch)[..v]);
+        pos += tokens.len();
+        tokens = vec![next];
+        out.push(next);
+    }
+    out
+}

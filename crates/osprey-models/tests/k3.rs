@@ -1,0 +1,95 @@
+//! The k3 forward pass on real weights: SmolLM2 upcycled by identity must compute the dense
+//! model's logits; MoEfied with every expert selected and full latent width it must too; fewer
+//! experts must cost quality, not correctness.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::GgmlDType;
+use osprey_models::convert::Input;
+use osprey_models::convert::quantize::{QuantizeOptions, quantize};
+use osprey_models::convert::upcycle::{UpcycleMode, UpcycleOptions, upcycle};
+use osprey_models::eval::{all_logits, greedy, perplexity};
+use osprey_models::{Transformer, WeightFormat};
+use osprey_testkit::{default_model, golden};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("osprey-k3-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn upcycled(src: &Path, dst: &Path, mode: UpcycleMode, experts: usize, top_k: usize) {
+    let options = UpcycleOptions {
+        mode,
+        experts,
+        top_k,
+        shards: 8,
+        expert_format: WeightFormat::Ggml(GgmlDType::F32),
+    };
+    upcycle(&Input::open(src).unwrap(), dst, &options, &|_| {}, &|_| {}).unwrap();
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn prompt() -> Vec<u32> {
+    golden().greedy[0].prompt_ids.clone()
+}
+
+#[test]
+fn identity_upcycle_reproduces_the_dense_model() {
+    let dst = TempDir::new("identity");
+    upcycled(&default_model(), &dst.0, UpcycleMode::Identity, 4, 2);
+    let dense = Transformer::open(&default_model()).unwrap();
+    let k3 = Transformer::open(&dst.0).unwrap();
+    let plan = k3.k3().expect("a k3 model");
+    assert!(plan.layers.iter().all(|l| l.moe.as_ref().is_some_and(|m| m.experts == 4)));
+    assert!(plan.layers[1..].iter().all(|l| l.attn_res.is_some()));
+
+    let ids = &golden().perplexity.ids[..200];
+    let diff = max_abs_diff(&all_logits(&dense, ids), &all_logits(&k3, ids));
+    assert!(diff < 1e-3, "max abs logit difference {diff}");
+    assert_eq!(greedy(&dense, &prompt(), 24), greedy(&k3, &prompt(), 24));
+}
+
+#[test]
+fn moefication_is_exact_with_every_expert_and_lossy_with_fewer() {
+    // A dense F32 reference, so the MoE's F32 experts are compared like for like.
+    let dense_dir = TempDir::new("dense-f32");
+    let options = QuantizeOptions {
+        format: WeightFormat::Ggml(GgmlDType::F32),
+        shards: 4,
+        keep_embeddings: false,
+    };
+    quantize(&Input::open(&default_model()).unwrap(), &dense_dir.0, &options, &|_| {}, &|_| {})
+        .unwrap();
+    let dense = Transformer::open(&dense_dir.0).unwrap();
+    let full = TempDir::new("moefy-all");
+    upcycled(&dense_dir.0, &full.0, UpcycleMode::Moefy { latent_dim: 576 }, 4, 4);
+    let all = Transformer::open(&full.0).unwrap();
+
+    let ids = &golden().perplexity.ids[..300];
+    let diff = max_abs_diff(&all_logits(&dense, ids), &all_logits(&all, ids));
+    assert!(diff < 2e-3, "k = E: max abs logit difference {diff}");
+
+    let half = TempDir::new("moefy-half");
+    upcycled(&dense_dir.0, &half.0, UpcycleMode::Moefy { latent_dim: 576 }, 4, 2);
+    let sparse = Transformer::open(&half.0).unwrap();
+    let (_, ppl_dense) = perplexity(&dense, ids);
+    let (_, ppl_sparse) = perplexity(&sparse, ids);
+    assert!(ppl_sparse > ppl_dense, "half the experts cannot be free: {ppl_sparse} vs {ppl_dense}");
+    assert!(ppl_sparse < 10.0 * ppl_dense, "but the router must pick useful ones: {ppl_sparse}");
+    assert!(sparse.weight_bytes() < dense.weight_bytes());
+}
