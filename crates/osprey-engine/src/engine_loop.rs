@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use osprey_core::metrics as names;
 use osprey_core::{Error, FinishReason};
-use osprey_models::{BatchSeq, ForwardBatch, ForwardScratch, KvCache, Transformer, LogitsWanted};
+use osprey_models::{BatchSeq, ForwardBatch, ForwardScratch, KvCache, LogitsWanted, Transformer};
 use rayon::prelude::*;
 
 use crate::engine::EngineStats;

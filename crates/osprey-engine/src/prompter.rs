@@ -42,7 +42,9 @@ impl Prompter {
     /// Loads only the tokenizer and template of the model at `path` (a GGUF file or a
     /// checkpoint directory).
     pub fn load(path: &std::path::Path) -> Result<Self, ModelError> {
-        Self::from_gguf(&GgufFile::open(&osprey_models::checkpoint::tokenizer_file(path))?)
+        Self::from_gguf(&GgufFile::open(
+            &osprey_models::checkpoint::tokenizer_file(path),
+        )?)
     }
 
     /// The tokenizer.

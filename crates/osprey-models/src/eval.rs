@@ -16,7 +16,10 @@ pub fn all_logits(model: &Transformer, ids: &[u32]) -> Vec<f32> {
         logits: LogitsWanted::All,
     }];
     let mut scratch = ForwardScratch::default();
-    let batch = ForwardBatch { tokens: ids, seqs: &seqs };
+    let batch = ForwardBatch {
+        tokens: ids,
+        seqs: &seqs,
+    };
     model.forward(&batch, &mut kv, &mut scratch).to_vec()
 }
 
@@ -28,7 +31,12 @@ pub fn perplexity(model: &Transformer, ids: &[u32]) -> (f64, f64) {
     let mut nll = 0f64;
     for (i, row) in logits.chunks_exact(v).take(ids.len() - 1).enumerate() {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let lse = max as f64 + row.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>().ln();
+        let lse = max as f64
+            + row
+                .iter()
+                .map(|&x| ((x - max) as f64).exp())
+                .sum::<f64>()
+                .ln();
         nll += lse - row[ids[i + 1] as usize] as f64;
     }
     let mean = nll / (ids.len() - 1) as f64;
@@ -54,7 +62,10 @@ pub fn greedy(model: &Transformer, prompt: &[u32], n: usize) -> Vec<u32> {
             block_table: &table,
             logits: LogitsWanted::Last,
         }];
-        let batch = ForwardBatch { tokens: &tokens, seqs: &seqs };
+        let batch = ForwardBatch {
+            tokens: &tokens,
+            seqs: &seqs,
+        };
         let next = argmax(&model.forward(&batch, &mut kv, &mut scratch)[..v]);
         pos += tokens.len();
         tokens = vec![next];

@@ -85,18 +85,26 @@ impl K3Config {
     pub fn validate(&self, n_layers: usize) -> Result<()> {
         let bad = |m: String| Err(ModelError::Input(format!("k3 config: {m}")));
         if self.layers.len() != n_layers {
-            return bad(format!("{} layers, the model has {n_layers}", self.layers.len()));
+            return bad(format!(
+                "{} layers, the model has {n_layers}",
+                self.layers.len()
+            ));
         }
         for (l, layer) in self.layers.iter().enumerate() {
             if let Some(m) = &layer.moe
                 && (m.top_k == 0 || m.top_k > m.experts || m.latent_dim == 0 || m.expert_dim == 0)
             {
-                return bad(format!("layer {l}: top_k must be 1..=experts, dims positive"));
+                return bad(format!(
+                    "layer {l}: top_k must be 1..=experts, dims positive"
+                ));
             }
             if let Some(r) = &layer.attn_res
                 && r.source >= l
             {
-                return bad(format!("layer {l}: attn_res source {} is not earlier", r.source));
+                return bad(format!(
+                    "layer {l}: attn_res source {} is not earlier",
+                    r.source
+                ));
             }
         }
         Ok(())
@@ -104,7 +112,9 @@ impl K3Config {
 
     /// The experts per MoE layer if the model has any MoE layer (all share one count).
     pub fn n_experts(&self) -> Option<usize> {
-        self.layers.iter().find_map(|l| l.moe.as_ref().map(|m| m.experts))
+        self.layers
+            .iter()
+            .find_map(|l| l.moe.as_ref().map(|m| m.experts))
     }
 }
 
@@ -178,7 +188,12 @@ pub struct MoeScratch {
 
 impl LatentMoe {
     /// Loads layer `l`'s tensors (`blk.{l}.moe.*`) for a model of width `d`.
-    pub fn load(src: &dyn WeightSource, l: usize, d: usize, config: &LatentMoeConfig) -> Result<Self> {
+    pub fn load(
+        src: &dyn WeightSource,
+        l: usize,
+        d: usize,
+        config: &LatentMoeConfig,
+    ) -> Result<Self> {
         let (lat, e) = (config.latent_dim, config.experts);
         let n = |s: &str| format!("blk.{l}.moe.{s}");
         let experts = (0..e)
@@ -339,19 +354,29 @@ mod tests {
         assert!(w[0] > w[1]);
         assert_eq!(gate_weights(Gating::Select, &s, &[0, 2]), vec![1.0, 1.0]);
         // Equal scores (an identity upcycle's zero router) give equal, exact halves.
-        assert_eq!(gate_weights(Gating::Softmax, &[0.0; 4], &[0, 1]), vec![0.5, 0.5]);
+        assert_eq!(
+            gate_weights(Gating::Softmax, &[0.0; 4], &[0, 1]),
+            vec![0.5, 0.5]
+        );
     }
 
     #[test]
     fn config_rejects_a_later_residual_source_and_a_wrong_depth() {
         let layer = |src| K3LayerConfig {
             moe: None,
-            attn_res: Some(AttnResConfig { alpha: 0.0, source: src }),
+            attn_res: Some(AttnResConfig {
+                alpha: 0.0,
+                source: src,
+            }),
         };
-        let c = K3Config { layers: vec![K3LayerConfig::default(), layer(0)] };
+        let c = K3Config {
+            layers: vec![K3LayerConfig::default(), layer(0)],
+        };
         assert!(c.validate(2).is_ok());
         assert!(c.validate(3).is_err());
-        let c = K3Config { layers: vec![K3LayerConfig::default(), layer(1)] };
+        let c = K3Config {
+            layers: vec![K3LayerConfig::default(), layer(1)],
+        };
         assert!(c.validate(2).is_err());
     }
 }

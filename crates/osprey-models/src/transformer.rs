@@ -60,19 +60,18 @@ enum Projection {
 }
 
 impl Projection {
-    fn load(
-        src: &dyn WeightSource,
-        names: &[String],
-        rows: &[usize],
-        cols: usize,
-    ) -> Result<Self> {
+    fn load(src: &dyn WeightSource, names: &[String], rows: &[usize], cols: usize) -> Result<Self> {
         let views = names
             .iter()
             .zip(rows)
             .map(|(n, &r)| src.shaped(n, &[r, cols]))
             .collect::<Result<Vec<_>>>()?;
         if views.iter().all(|v| v.format == views[0].format) {
-            let bytes = views.iter().map(|v| &v.bytes[..]).collect::<Vec<_>>().concat();
+            let bytes = views
+                .iter()
+                .map(|v| &v.bytes[..])
+                .collect::<Vec<_>>()
+                .concat();
             let total = rows.iter().sum();
             return Ok(Self::Fused(matrix(
                 &names[0],
@@ -438,9 +437,11 @@ impl Transformer {
     }
 
     fn is_residual_source(&self, l: usize) -> bool {
-        self.layers
-            .iter()
-            .any(|layer| layer.attn_res.is_some_and(|r| r.source == l && r.alpha != 0.0))
+        self.layers.iter().any(|layer| {
+            layer
+                .attn_res
+                .is_some_and(|r| r.source == l && r.alpha != 0.0)
+        })
     }
 }
 

@@ -9,7 +9,8 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use osprey_models::{
-    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, Transformer, LogitsWanted, ModelError,
+    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, LogitsWanted, ModelError,
+    Transformer,
 };
 use osprey_testkit::{default_model, golden};
 

@@ -1,7 +1,7 @@
 //! The forward pass against llama.cpp's outputs on the same GGUF (osprey-testkit's golden file).
 
 use osprey_models::{
-    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, Transformer, LogitsWanted,
+    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, LogitsWanted, Transformer,
 };
 use osprey_testkit::{default_model, golden};
 

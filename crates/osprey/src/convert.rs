@@ -8,9 +8,9 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use osprey_models::WeightFormat;
 use osprey_models::checkpoint::layout::Index;
+use osprey_models::convert::Input;
 use osprey_models::convert::quantize::{QuantizeOptions, parse_format, quantize};
 use osprey_models::convert::upcycle::{UpcycleMode, UpcycleOptions, upcycle};
-use osprey_models::convert::Input;
 
 /// `osprey quantize`.
 #[derive(Args, Debug)]
@@ -77,9 +77,11 @@ fn open_input(path: &PathBuf) -> anyhow::Result<Input> {
 
 fn progress_bar() -> ProgressBar {
     ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("{spinner} [{bar:40}] {pos}/{len} tensors, {per_sec}, eta {eta}  {msg}")
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{spinner} [{bar:40}] {pos}/{len} tensors, {per_sec}, eta {eta}  {msg}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
     )
 }
 

@@ -154,7 +154,10 @@ impl Checkpoint {
             return Err(bad(format!("stored as {:?}/{:?}", b.dtype, s.dtype)));
         }
         if !cols.is_multiple_of(QK) || s.shape != [rows, cols / QK] {
-            return Err(bad(format!("scales {:?} for blocks {:?}", s.shape, b.shape)));
+            return Err(bad(format!(
+                "scales {:?} for blocks {:?}",
+                s.shape, b.shape
+            )));
         }
         let mut bytes = Vec::with_capacity(rows * cols / QK * std::mem::size_of::<BlockMxfp4>());
         for (packed, &e) in codes.chunks_exact(QK / 2).zip(scales) {
@@ -174,11 +177,17 @@ impl Shard {
     fn open(dir: &Path, record: &ShardRecord) -> Result<Self> {
         let path = dir.join(&record.file);
         let file = File::open(&path).map_err(|e| err(&path, format!("shard missing: {e}")))?;
-        let len = file.metadata().map_err(|e| err(&path, e.to_string()))?.len();
+        let len = file
+            .metadata()
+            .map_err(|e| err(&path, e.to_string()))?
+            .len();
         if len != record.bytes {
             return Err(err(
                 &path,
-                format!("shard truncated or replaced: {len} bytes, the index records {}", record.bytes),
+                format!(
+                    "shard truncated or replaced: {len} bytes, the index records {}",
+                    record.bytes
+                ),
             ));
         }
         // SAFETY: read-only map of a file Osprey does not modify while it runs.
@@ -187,7 +196,10 @@ impl Shard {
         if digest != record.sha256 {
             return Err(err(
                 &path,
-                format!("shard checksum mismatch: SHA-256 {digest}, the index records {}", record.sha256),
+                format!(
+                    "shard checksum mismatch: SHA-256 {digest}, the index records {}",
+                    record.sha256
+                ),
             ));
         }
         let (header, metadata) = SafeTensors::read_metadata(&map)
@@ -223,9 +235,11 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// The GGML type named `name` as its `Debug` form prints it (`Q4_1`, `Q6K`, ...).
 fn ggml_type(name: &str) -> Option<GgmlDType> {
     use GgmlDType::*;
-    [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K]
-        .into_iter()
-        .find(|d| format!("{d:?}") == name)
+    [
+        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K,
+    ]
+    .into_iter()
+    .find(|d| format!("{d:?}") == name)
 }
 
 impl WeightSource for Checkpoint {
@@ -262,6 +276,8 @@ impl WeightSource for Checkpoint {
 
     fn contains(&self, name: &str) -> bool {
         self.location.contains_key(name)
-            || self.location.contains_key(&format!("{name}{BLOCKS_SUFFIX}"))
+            || self
+                .location
+                .contains_key(&format!("{name}{BLOCKS_SUFFIX}"))
     }
 }

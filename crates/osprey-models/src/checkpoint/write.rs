@@ -13,8 +13,8 @@ use safetensors::tensor::{Dtype, TensorView};
 use sha2::{Digest, Sha256};
 
 use super::layout::{
-    BLOCKS_SUFFIX, CONFIG_FILE, CheckpointConfig, INDEX_FILE, Index, IndexMetadata,
-    SCALES_SUFFIX, ShardRecord, TOKENIZER_FILE, shard_file,
+    BLOCKS_SUFFIX, CONFIG_FILE, CheckpointConfig, INDEX_FILE, Index, IndexMetadata, SCALES_SUFFIX,
+    ShardRecord, TOKENIZER_FILE, shard_file,
 };
 use super::{err, hex};
 use crate::error::{ModelError, Result};
@@ -112,7 +112,10 @@ pub fn write(
         if let WeightFormat::Ggml(d) = t.format
             && !is_float(d)
         {
-            index.metadata.formats.insert(t.name.clone(), format!("{d:?}"));
+            index
+                .metadata
+                .formats
+                .insert(t.name.clone(), format!("{d:?}"));
         }
         if let Some(why) = &t.kept {
             index.metadata.kept.insert(t.name.clone(), why.clone());
@@ -228,16 +231,22 @@ fn encode(t: &PlannedTensor, values: TensorValues) -> Result<Vec<Stored>> {
         }
         (WeightFormat::Ggml(GgmlDType::F16), TensorValues::F32(v)) => one(
             Dtype::F16,
-            v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect(),
+            v.iter()
+                .flat_map(|&x| f16::from_f32(x).to_le_bytes())
+                .collect(),
         ),
         (WeightFormat::Ggml(GgmlDType::BF16), TensorValues::F32(v)) => one(
             Dtype::BF16,
-            v.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect(),
+            v.iter()
+                .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+                .collect(),
         ),
         (WeightFormat::Mxfp4, TensorValues::F32(v)) => {
             let cols = *t.dims.last().unwrap_or(&1);
             if t.dims.len() != 2 || !cols.is_multiple_of(QK) {
-                return Err(wrong("MXFP4 needs a matrix whose width is a multiple of 32"));
+                return Err(wrong(
+                    "MXFP4 needs a matrix whose width is a multiple of 32",
+                ));
             }
             let (mut codes, mut scales) = (Vec::new(), Vec::new());
             for block in v.chunks_exact(QK) {
@@ -260,9 +269,9 @@ fn encode(t: &PlannedTensor, values: TensorValues) -> Result<Vec<Stored>> {
                 },
             ])
         }
-        (WeightFormat::Ggml(d), TensorValues::F32(_)) => {
-            Err(wrong(&format!("writing {d:?} from floats is not supported")))
-        }
+        (WeightFormat::Ggml(d), TensorValues::F32(_)) => Err(wrong(&format!(
+            "writing {d:?} from floats is not supported"
+        ))),
     }
 }
 
@@ -281,9 +290,8 @@ fn write_tokenizer(path: &Path, source: &GgufFile) -> Result<()> {
         .map(|(k, v)| (k.as_str(), v))
         .collect();
     keys.sort_by_key(|(k, _)| *k);
-    let mut file = std::io::BufWriter::new(
-        std::fs::File::create(path).map_err(|e| err(path, e.to_string()))?,
-    );
+    let mut file =
+        std::io::BufWriter::new(std::fs::File::create(path).map_err(|e| err(path, e.to_string()))?);
     gguf_file::write(&mut file, &keys, &[]).map_err(|e| err(path, e.to_string()))
 }
 

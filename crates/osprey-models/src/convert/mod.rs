@@ -11,8 +11,8 @@ use std::path::Path;
 use candle_core::quantized::GgmlDType;
 
 use crate::checkpoint::Checkpoint;
-use crate::checkpoint::layout::{BLOCKS_SUFFIX, SCALES_SUFFIX};
 use crate::checkpoint::TensorValues;
+use crate::checkpoint::layout::{BLOCKS_SUFFIX, SCALES_SUFFIX};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
@@ -61,8 +61,11 @@ impl Input {
             Self::Gguf(g) => {
                 let mut c = ModelConfig::from_gguf(g)?;
                 if g.tensor("rope_freqs.weight").is_some() {
-                    c.rope.freq_factors =
-                        Some(WeightSource::vector(g, "rope_freqs.weight", c.rope.dims / 2)?);
+                    c.rope.freq_factors = Some(WeightSource::vector(
+                        g,
+                        "rope_freqs.weight",
+                        c.rope.dims / 2,
+                    )?);
                 }
                 Ok(c)
             }
@@ -133,11 +136,13 @@ pub fn dequantize(src: &dyn WeightSource, name: &str) -> Result<Vec<f32>> {
 
 /// A tensor's values for writing it again in `format`: its bytes when it stays the GGML
 /// block type it is, else its floats.
-pub fn values_for(src: &dyn WeightSource, name: &str, format: WeightFormat) -> Result<TensorValues> {
+pub fn values_for(
+    src: &dyn WeightSource,
+    name: &str,
+    format: WeightFormat,
+) -> Result<TensorValues> {
     let t = src.require(name)?;
-    let is_block_type = |f: WeightFormat| {
-        matches!(f, WeightFormat::Ggml(d) if !matches!(d, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16))
-    };
+    let is_block_type = |f: WeightFormat| matches!(f, WeightFormat::Ggml(d) if !matches!(d, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16));
     if t.format == format && is_block_type(format) {
         return Ok(TensorValues::Raw(t.bytes.into_owned()));
     }

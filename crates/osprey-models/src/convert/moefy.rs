@@ -48,7 +48,10 @@ pub fn moefy(mlp: &DenseMlp, experts: usize, latent: usize) -> Moefied {
         let dn = DMatrix::from_row_slice(d, f, mlp.down);
         let reads = g.transpose() * &g + u.transpose() * &u;
         let writes = &dn * dn.transpose();
-        (top_eigenvectors(reads, latent), top_eigenvectors(writes, latent))
+        (
+            top_eigenvectors(reads, latent),
+            top_eigenvectors(writes, latent),
+        )
     };
     // A row `w` of width `d` seen from the latent space: `P w` (P is `[latent, d]`).
     let exact = latent == d;
@@ -131,7 +134,13 @@ fn top_eigenvectors(a: DMatrix<f32>, k: usize) -> Vec<f32> {
     order.sort_by(|&i, &j| eig.eigenvalues[j].total_cmp(&eig.eigenvalues[i]));
     order[..k]
         .iter()
-        .flat_map(|&c| eig.eigenvectors.column(c).iter().map(|&v| v as f32).collect::<Vec<_>>())
+        .flat_map(|&c| {
+            eig.eigenvectors
+                .column(c)
+                .iter()
+                .map(|&v| v as f32)
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 
@@ -140,7 +149,10 @@ fn top_eigenvectors(a: DMatrix<f32>, k: usize) -> Vec<f32> {
 /// similar (row, centroid) pairs. Deterministic.
 pub fn balanced_kmeans(rows: &[f32], dim: usize, k: usize, iterations: usize) -> Vec<Vec<usize>> {
     let n = rows.len() / dim;
-    assert!(n.is_multiple_of(k), "{n} neurons do not split into {k} equal experts");
+    assert!(
+        n.is_multiple_of(k),
+        "{n} neurons do not split into {k} equal experts"
+    );
     let cap = n / k;
     let unit: Vec<Vec<f32>> = rows.chunks_exact(dim).map(normalized).collect();
     // Spread initial centroids over the rows.
@@ -195,20 +207,32 @@ mod tests {
     fn balanced_kmeans_partitions_into_equal_clusters_and_groups_alike_rows() {
         // Two directions, four rows each, interleaved.
         let rows: Vec<f32> = (0..8)
-            .flat_map(|i| if i % 2 == 0 { [1.0, 0.1 * i as f32] } else { [0.1 * i as f32, 1.0] })
+            .flat_map(|i| {
+                if i % 2 == 0 {
+                    [1.0, 0.1 * i as f32]
+                } else {
+                    [0.1 * i as f32, 1.0]
+                }
+            })
             .collect();
         let c = balanced_kmeans(&rows, 2, 2, 5);
         assert_eq!(c.iter().map(Vec::len).collect::<Vec<_>>(), vec![4, 4]);
         let mut all: Vec<usize> = c.concat();
         all.sort_unstable();
         assert_eq!(all, (0..8).collect::<Vec<_>>());
-        assert!(c.iter().all(|m| m.iter().all(|i| i % 2 == m[0] % 2)), "{c:?}");
+        assert!(
+            c.iter().all(|m| m.iter().all(|i| i % 2 == m[0] % 2)),
+            "{c:?}"
+        );
     }
 
     #[test]
     fn top_eigenvectors_of_a_diagonal_matrix_are_its_largest_axes() {
         let a = DMatrix::from_diagonal(&nalgebra::DVector::from_vec(vec![1.0f32, 5.0, 3.0]));
         let p = top_eigenvectors(a, 2);
-        assert!((p[1].abs() - 1.0).abs() < 1e-6 && (p[5].abs() - 1.0).abs() < 1e-6, "{p:?}");
+        assert!(
+            (p[1].abs() - 1.0).abs() < 1e-6 && (p[5].abs() - 1.0).abs() < 1e-6,
+            "{p:?}"
+        );
     }
 }

@@ -51,11 +51,17 @@ pub fn choose_format(
         return (f32, Some("1-D (norm or bias): kept in F32".into()));
     }
     if name == "token_embd.weight" && keep_embeddings && target != f32 {
-        return (f16, Some("embedding kept in F16 (--keep-embeddings)".into()));
+        return (
+            f16,
+            Some("embedding kept in F16 (--keep-embeddings)".into()),
+        );
     }
     let cols = dims[dims.len() - 1];
     if target == WeightFormat::Mxfp4 && !cols.is_multiple_of(QK) {
-        return (f16, Some(format!("width {cols} is not a multiple of 32: kept in F16")));
+        return (
+            f16,
+            Some(format!("width {cols} is not a multiple of 32: kept in F16")),
+        );
     }
     (target, None)
 }
@@ -73,8 +79,14 @@ pub fn quantize(
         .tensors()?
         .into_iter()
         .map(|(name, dims, _)| {
-            let (format, kept) = choose_format(&name, &dims, options.format, options.keep_embeddings);
-            PlannedTensor { name, format, dims, kept }
+            let (format, kept) =
+                choose_format(&name, &dims, options.format, options.keep_embeddings);
+            PlannedTensor {
+                name,
+                format,
+                dims,
+                kept,
+            }
         })
         .collect();
     on_plan(plan.len());

@@ -105,7 +105,7 @@ pub fn upcycle(
         layers: (0..model.n_layers)
             .map(|l| K3LayerConfig {
                 moe: Some(moe.clone()),
-                attn_res: (l > 0).then_some(AttnResConfig {
+                attn_res: (l > 0).then(|| AttnResConfig {
                     alpha: 0.0,
                     source: l - 1,
                 }),
@@ -118,7 +118,12 @@ pub fn upcycle(
     let mut origin = HashMap::new();
     let mut add = |name: String, format, dims: Vec<usize>, from: Origin| {
         origin.insert(name.clone(), from);
-        plan.push(PlannedTensor { name, format, dims, kept: None });
+        plan.push(PlannedTensor {
+            name,
+            format,
+            dims,
+            kept: None,
+        });
     };
     for (name, dims, format) in input.tensors()? {
         let mlp_part = ["ffn_gate", "ffn_up", "ffn_down"]
@@ -132,11 +137,26 @@ pub fn upcycle(
         let n = |s: &str| format!("blk.{l}.{s}");
         let m = |s: &str| format!("blk.{l}.moe.{s}");
         let computed = matches!(o.mode, UpcycleMode::Moefy { .. });
-        let proj = |size| if computed { Origin::Computed } else { Origin::Identity(size) };
+        let proj = |size| {
+            if computed {
+                Origin::Computed
+            } else {
+                Origin::Identity(size)
+            }
+        };
         add(m("down.weight"), f32_format, vec![latent, d], proj(d));
         add(m("up.weight"), f32_format, vec![d, latent], proj(d));
-        let router = if computed { Origin::Computed } else { Origin::Zeros };
-        add(m("router.weight"), f32_format, vec![o.experts, latent], router);
+        let router = if computed {
+            Origin::Computed
+        } else {
+            Origin::Zeros
+        };
+        add(
+            m("router.weight"),
+            f32_format,
+            vec![o.experts, latent],
+            router,
+        );
         for e in 0..o.experts {
             for (part, dense, dims) in [
                 ("gate", "ffn_gate", vec![expert_dim, latent]),
@@ -195,8 +215,9 @@ pub fn upcycle(
             shards: o.shards,
             format_label: match o.mode {
                 UpcycleMode::Identity => "k3 identity upcycle (dense formats kept)".into(),
-                UpcycleMode::Moefy { .. } => format!("k3 moefy ({} experts)", o.expert_format)
-                    .to_ascii_lowercase(),
+                UpcycleMode::Moefy { .. } => {
+                    format!("k3 moefy ({} experts)", o.expert_format).to_ascii_lowercase()
+                }
             },
             on_tensor,
         },

@@ -70,13 +70,7 @@ pub struct QMatrix {
 
 impl std::fmt::Debug for QMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "QMatrix({}, {}x{})",
-            self.format(),
-            self.rows,
-            self.cols
-        )
+        write!(f, "QMatrix({}, {}x{})", self.format(), self.rows, self.cols)
     }
 }
 
@@ -85,11 +79,20 @@ impl QMatrix {
     ///
     /// `bytes` must hold exactly `rows * cols` elements, and `cols` must be a multiple of the
     /// format's block size (checked by the loader).
-    pub fn from_bytes(format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+    pub fn from_bytes(
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Option<Self> {
         let dtype = match format {
             WeightFormat::Mxfp4 => {
                 let weights = Box::new(Tiled::<TileMxfp4>::new(format, bytes, rows, cols));
-                return Some(Self { rows, cols, weights });
+                return Some(Self {
+                    rows,
+                    cols,
+                    weights,
+                });
             }
             WeightFormat::Ggml(dtype) => dtype,
         };

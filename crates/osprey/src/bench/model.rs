@@ -5,9 +5,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use osprey_models::{
-    BatchSeq, ForwardBatch, ForwardScratch, KvCache, LogitsWanted, Transformer,
-};
+use osprey_models::{BatchSeq, ForwardBatch, ForwardScratch, KvCache, LogitsWanted, Transformer};
 
 /// Options of `osprey bench model`.
 #[derive(Args, Debug)]

@@ -113,9 +113,12 @@ struct Texts {
 
 /// The golden perplexity text's ids (shared/data, located like the test kit does).
 fn golden_ppl_ids() -> anyhow::Result<Vec<u32>> {
-    let path = std::env::var_os("OSPREY_GOLDEN").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/golden/smollm2-135m-q4_1.json")
-    });
+    let path = std::env::var_os("OSPREY_GOLDEN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../../shared/data/golden/smollm2-135m-q4_1.json")
+        });
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("reading {} (set OSPREY_GOLDEN)", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)?;
@@ -196,7 +199,14 @@ fn decode_speed(model: &Transformer, n: usize) -> f64 {
             block_table: &table,
             logits: LogitsWanted::Last,
         }];
-        model.forward(&ForwardBatch { tokens, seqs: &seqs }, &mut kv, &mut scratch);
+        model.forward(
+            &ForwardBatch {
+                tokens,
+                seqs: &seqs,
+            },
+            &mut kv,
+            &mut scratch,
+        );
     };
     step(&[token(0), token(1)], 0);
     let t = Instant::now();
@@ -230,7 +240,9 @@ fn formats(args: &K3BenchArgs, dir: &Path, gguf: &Path, texts: &Texts) -> anyhow
         }
     }
     println!("\n### Formats: SmolLM2-135M, {} threads\n", args.threads);
-    println!("| format | weights read/token | load s | PPL golden | PPL held-out | decode t/s | vs Q4_1 |");
+    println!(
+        "| format | weights read/token | load s | PPL golden | PPL held-out | decode t/s | vs Q4_1 |"
+    );
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let base = median(speeds[0].clone());
     for ((name, m, load), s) in models.iter().zip(speeds) {
@@ -253,7 +265,9 @@ fn moe(args: &K3BenchArgs, dir: &Path, gguf: &Path, texts: &Texts) -> anyhow::Re
     let (_, dg) = perplexity(&dense, &texts.golden);
     let (_, dho) = perplexity(&dense, &texts.held_out);
     println!("\n### MoEfication: {e} experts, F16 experts (dense F16: PPL {dg:.3} / {dho:.3})\n");
-    println!("| latent | top-k | PPL golden | PPL held-out | MLP MACs vs dense | model MACs vs dense | decode t/s |");
+    println!(
+        "| latent | top-k | PPL golden | PPL held-out | MLP MACs vs dense | model MACs vs dense | decode t/s |"
+    );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mut ks: Vec<usize> = (0..).map(|i| 1usize << i).take_while(|&k| k < e).collect();
     ks.push(e);
