@@ -145,12 +145,13 @@ fn cached(
     Ok(path)
 }
 
-fn quantized(dir: &Path, gguf: &Path, format: &str) -> anyhow::Result<PathBuf> {
-    cached(dir, format, |out| {
+fn quantized(dir: &Path, gguf: &Path, format: &str, keep_embeddings: bool) -> anyhow::Result<PathBuf> {
+    let name = if keep_embeddings { format!("{format}-f16-embd") } else { format.to_owned() };
+    cached(dir, &name, |out| {
         let options = QuantizeOptions {
             format: parse_format(format)?,
             shards: 96,
-            keep_embeddings: false,
+            keep_embeddings,
         };
         quantize(&Input::open(gguf)?, out, &options, &|_| {}, &|_| {})?;
         Ok(())
@@ -224,8 +225,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn formats(args: &K3BenchArgs, dir: &Path, gguf: &Path, texts: &Texts) -> anyhow::Result<()> {
     let paths = [
         ("Q4_1 (GGUF)", gguf.to_owned()),
-        ("MXFP4 (96 shards)", quantized(dir, gguf, "mxfp4")?),
-        ("F16 (96 shards)", quantized(dir, gguf, "f16")?),
+        ("MXFP4", quantized(dir, gguf, "mxfp4", false)?),
+        ("MXFP4, F16 embeddings", quantized(dir, gguf, "mxfp4", true)?),
+        ("F16", quantized(dir, gguf, "f16", false)?),
     ];
     let mut models = Vec::new();
     for (name, path) in &paths {
@@ -239,7 +241,7 @@ fn formats(args: &K3BenchArgs, dir: &Path, gguf: &Path, texts: &Texts) -> anyhow
             speeds[i].push(decode_speed(m, args.decode_tokens));
         }
     }
-    println!("\n### Formats: SmolLM2-135M, {} threads\n", args.threads);
+    println!("\n### Formats: SmolLM2-135M, checkpoints in 96 shards, {} threads\n", args.threads);
     println!(
         "| format | weights read/token | load s | PPL golden | PPL held-out | decode t/s | vs Q4_1 |"
     );
@@ -260,7 +262,7 @@ fn formats(args: &K3BenchArgs, dir: &Path, gguf: &Path, texts: &Texts) -> anyhow
 
 fn moe(args: &K3BenchArgs, dir: &Path, gguf: &Path, texts: &Texts) -> anyhow::Result<()> {
     let e = args.experts;
-    let dense = Transformer::open(&quantized(dir, gguf, "f16")?)?;
+    let dense = Transformer::open(&quantized(dir, gguf, "f16", false)?)?;
     let (da, dm, dh) = dense.macs_per_token();
     let (_, dg) = perplexity(&dense, &texts.golden);
     let (_, dho) = perplexity(&dense, &texts.held_out);
