@@ -66,11 +66,11 @@ pub struct UpcycleArgs {
     pub dst: PathBuf,
 }
 
-fn open_input(path: &PathBuf) -> anyhow::Result<Input> {
+fn open_input(path: &std::path::Path) -> anyhow::Result<Input> {
     let path = if path.as_os_str() == "-" {
         crate::models::fetch_default()?
     } else {
-        path.clone()
+        path.to_owned()
     };
     Input::open(&path).with_context(|| format!("opening {}", path.display()))
 }

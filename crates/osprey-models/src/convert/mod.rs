@@ -106,7 +106,7 @@ impl Input {
                 Ok((n, t.dims, t.format))
             })
             .collect::<Result<Vec<_>>>()?;
-        out.sort_by(|a, b| natural_key(&a.0).cmp(&natural_key(&b.0)));
+        out.sort_by_key(|t| natural_key(&t.0));
         Ok(out)
     }
 }

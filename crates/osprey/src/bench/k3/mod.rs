@@ -145,8 +145,17 @@ fn cached(
     Ok(path)
 }
 
-fn quantized(dir: &Path, gguf: &Path, format: &str, keep_embeddings: bool) -> anyhow::Result<PathBuf> {
-    let name = if keep_embeddings { format!("{format}-f16-embd") } else { format.to_owned() };
+fn quantized(
+    dir: &Path,
+    gguf: &Path,
+    format: &str,
+    keep_embeddings: bool,
+) -> anyhow::Result<PathBuf> {
+    let name = if keep_embeddings {
+        format!("{format}-f16-embd")
+    } else {
+        format.to_owned()
+    };
     cached(dir, &name, |out| {
         let options = QuantizeOptions {
             format: parse_format(format)?,
@@ -226,7 +235,10 @@ fn formats(args: &K3BenchArgs, dir: &Path, gguf: &Path, texts: &Texts) -> anyhow
     let paths = [
         ("Q4_1 (GGUF)", gguf.to_owned()),
         ("MXFP4", quantized(dir, gguf, "mxfp4", false)?),
-        ("MXFP4, F16 embeddings", quantized(dir, gguf, "mxfp4", true)?),
+        (
+            "MXFP4, F16 embeddings",
+            quantized(dir, gguf, "mxfp4", true)?,
+        ),
         ("F16", quantized(dir, gguf, "f16", false)?),
     ];
     let mut models = Vec::new();
@@ -241,7 +253,10 @@ fn formats(args: &K3BenchArgs, dir: &Path, gguf: &Path, texts: &Texts) -> anyhow
             speeds[i].push(decode_speed(m, args.decode_tokens));
         }
     }
-    println!("\n### Formats: SmolLM2-135M, checkpoints in 96 shards, {} threads\n", args.threads);
+    println!(
+        "\n### Formats: SmolLM2-135M, checkpoints in 96 shards, {} threads\n",
+        args.threads
+    );
     println!(
         "| format | weights read/token | load s | PPL golden | PPL held-out | decode t/s | vs Q4_1 |"
     );
