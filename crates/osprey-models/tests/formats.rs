@@ -8,43 +8,13 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use osprey_models::{
-    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, LogitsWanted, ModelError,
-    Transformer,
-};
+use osprey_models::{GgufFile, ModelError, Transformer};
 use osprey_testkit::{default_model, golden};
 
 /// Perplexity of the model at `path` on the first `n` tokens of the golden perplexity text.
 fn perplexity(path: &Path, n: usize) -> f64 {
     let model = Transformer::load(&GgufFile::open(path).unwrap()).unwrap();
-    let ids = &golden().perplexity.ids[..n];
-    let mut kv = KvCache::new(model.config(), ids.len().div_ceil(16));
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
-    let seqs = [BatchSeq {
-        n_tokens: ids.len(),
-        start_pos: 0,
-        block_table: &table,
-        logits: LogitsWanted::All,
-    }];
-    let mut scratch = ForwardScratch::default();
-    let logits = model.forward(
-        &ForwardBatch {
-            tokens: ids,
-            seqs: &seqs,
-        },
-        &mut kv,
-        &mut scratch,
-    );
-    let v = model.config().vocab_size;
-    let nll: f64 = (1..ids.len())
-        .map(|i| {
-            let row = &logits[(i - 1) * v..i * v];
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
-            (lse - row[ids[i] as usize]) as f64
-        })
-        .sum();
-    (nll / (ids.len() - 1) as f64).exp()
+    osprey_models::eval::perplexity(&model, &golden().perplexity.ids[..n]).1
 }
 
 /// Rewrites `src`: `retype` picks each tensor's new type (None keeps its bytes), `edit` may

@@ -12,24 +12,7 @@ fn load() -> Transformer {
 
 /// Log-softmax of every position of `ids`, computed in one forward pass.
 fn all_logprobs(model: &Transformer, ids: &[u32]) -> Vec<Vec<f32>> {
-    let mut kv = KvCache::new(model.config(), ids.len().div_ceil(16));
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
-    let seqs = [BatchSeq {
-        n_tokens: ids.len(),
-        start_pos: 0,
-        block_table: &table,
-        logits: LogitsWanted::All,
-    }];
-    let mut scratch = ForwardScratch::default();
-    let logits = model.forward(
-        &ForwardBatch {
-            tokens: ids,
-            seqs: &seqs,
-        },
-        &mut kv,
-        &mut scratch,
-    );
-    logits
+    osprey_models::eval::all_logits(model, ids)
         .chunks_exact(model.config().vocab_size)
         .map(|row| {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);

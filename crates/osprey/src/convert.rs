@@ -75,14 +75,26 @@ fn open_input(path: &std::path::Path) -> anyhow::Result<Input> {
     Input::open(&path).with_context(|| format!("opening {}", path.display()))
 }
 
-fn progress_bar() -> ProgressBar {
-    ProgressBar::new(0).with_style(
+/// Runs a conversion under a progress bar of its tensors, then reports what it wrote.
+fn with_progress(
+    out: &std::path::Path,
+    convert: impl FnOnce(&dyn Fn(usize), &(dyn Fn(&str) + Sync)) -> osprey_models::Result<Index>,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template(
             "{spinner} [{bar:40}] {pos}/{len} tensors, {per_sec}, eta {eta}  {msg}",
         )
         .expect("valid template")
         .progress_chars("=> "),
-    )
+    );
+    let index = convert(&|n| bar.set_length(n as u64), &|name| {
+        bar.set_message(name.to_owned());
+        bar.inc(1);
+    })?;
+    bar.finish_and_clear();
+    report(&index, out, started);
+    Ok(())
 }
 
 fn report(index: &Index, out: &std::path::Path, started: Instant) {
@@ -109,31 +121,18 @@ fn report(index: &Index, out: &std::path::Path, started: Instant) {
 }
 
 pub fn run_quantize(args: QuantizeArgs) -> anyhow::Result<()> {
-    let started = Instant::now();
     let input = open_input(&args.input)?;
     let options = QuantizeOptions {
         format: parse_format(&args.format)?,
         shards: args.shards,
         keep_embeddings: args.keep_embeddings,
     };
-    let bar = progress_bar();
-    let index = quantize(
-        &input,
-        &args.output,
-        &options,
-        &|n| bar.set_length(n as u64),
-        &|name| {
-            bar.set_message(name.to_owned());
-            bar.inc(1);
-        },
-    )?;
-    bar.finish_and_clear();
-    report(&index, &args.output, started);
-    Ok(())
+    with_progress(&args.output, |on_plan, on_tensor| {
+        quantize(&input, &args.output, &options, on_plan, on_tensor)
+    })
 }
 
 pub fn run_upcycle(args: UpcycleArgs) -> anyhow::Result<()> {
-    let started = Instant::now();
     let input = open_input(&args.src)?;
     let width = input.config()?.d_model;
     let mode = match args.method {
@@ -150,18 +149,7 @@ pub fn run_upcycle(args: UpcycleArgs) -> anyhow::Result<()> {
         shards: args.shards,
         expert_format,
     };
-    let bar = progress_bar();
-    let index = upcycle(
-        &input,
-        &args.dst,
-        &options,
-        &|n| bar.set_length(n as u64),
-        &|name| {
-            bar.set_message(name.to_owned());
-            bar.inc(1);
-        },
-    )?;
-    bar.finish_and_clear();
-    report(&index, &args.dst, started);
-    Ok(())
+    with_progress(&args.dst, |on_plan, on_tensor| {
+        upcycle(&input, &args.dst, &options, on_plan, on_tensor)
+    })
 }

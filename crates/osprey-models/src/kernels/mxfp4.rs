@@ -12,7 +12,7 @@
 //! tiles as `Q4_1` ([`super::tiles`]), so batches decode each tile once for several rows.
 
 use super::blocks::{QK, QuantizedRow};
-use super::tiles::{TILE_ROWS, Tile};
+use super::tiles::{TILE_ROWS, Tile, interleave_nibbles, nibble};
 
 /// The 16 `e2m1` codes as floats: bit 3 is the sign.
 pub const E2M1: [f32; 16] = [
@@ -145,22 +145,14 @@ impl Tile for TileMxfp4 {
     type Block = BlockMxfp4;
 
     fn pack(rows: [&BlockMxfp4; TILE_ROWS]) -> Self {
-        let mut t = TileMxfp4 {
+        TileMxfp4 {
             e: rows.map(|b| b.e),
-            qs: [0; 16 * TILE_ROWS],
-        };
-        for p in 0..4 {
-            for (r, b) in rows.iter().enumerate() {
-                t.qs[p * 32 + r * 4..p * 32 + r * 4 + 4].copy_from_slice(&b.qs[4 * p..4 * p + 4]);
-            }
+            qs: interleave_nibbles(rows.map(|b| &b.qs)),
         }
-        t
     }
 
     fn value(&self, r: usize, k: usize) -> f32 {
-        let byte = self.qs[((k % 16) / 4) * 32 + r * 4 + k % 4];
-        let q = if k < 16 { byte & 0x0f } else { byte >> 4 };
-        E2M1[q as usize] * e8m0_to_f32(self.e[r])
+        E2M1[nibble(&self.qs, r, k) as usize] * e8m0_to_f32(self.e[r])
     }
 
     #[inline]

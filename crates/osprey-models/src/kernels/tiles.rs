@@ -81,27 +81,37 @@ pub fn repack<T: Tile>(bytes: &[u8], rows: usize, cols: usize) -> Vec<T> {
     out
 }
 
+/// Interleaves 8 rows' 16 bytes of nibbles 4 bytes at a time: chunk `p` (32 bytes) holds bytes
+/// `4p..4p+4` of each row (the layout of [`TileQ4_1`] and the MXFP4 tile).
+pub fn interleave_nibbles(rows: [&[u8; 16]; TILE_ROWS]) -> [u8; 16 * TILE_ROWS] {
+    let mut qs = [0; 16 * TILE_ROWS];
+    for p in 0..4 {
+        for (r, b) in rows.iter().enumerate() {
+            qs[p * 32 + r * 4..p * 32 + r * 4 + 4].copy_from_slice(&b[4 * p..4 * p + 4]);
+        }
+    }
+    qs
+}
+
+/// Nibble `k` (0..32) of row `r` in [`interleave_nibbles`]' layout.
+pub fn nibble(qs: &[u8; 16 * TILE_ROWS], r: usize, k: usize) -> u8 {
+    let byte = qs[((k % 16) / 4) * 32 + r * 4 + k % 4];
+    if k < 16 { byte & 0x0f } else { byte >> 4 }
+}
+
 impl Tile for TileQ4_1 {
     type Block = BlockQ4_1;
 
     fn pack(rows: [&BlockQ4_1; TILE_ROWS]) -> Self {
-        let mut t = TileQ4_1 {
+        TileQ4_1 {
             d: rows.map(|b| b.d),
             m: rows.map(|b| b.m),
-            qs: [0; 16 * TILE_ROWS],
-        };
-        for p in 0..4 {
-            for (r, b) in rows.iter().enumerate() {
-                t.qs[p * 32 + r * 4..p * 32 + r * 4 + 4].copy_from_slice(&b.qs[4 * p..4 * p + 4]);
-            }
+            qs: interleave_nibbles(rows.map(|b| &b.qs)),
         }
-        t
     }
 
     fn value(&self, r: usize, k: usize) -> f32 {
-        let byte = self.qs[((k % 16) / 4) * 32 + r * 4 + k % 4];
-        let q = if k < 16 { byte & 0x0f } else { byte >> 4 };
-        q as f32 * self.d[r].to_f32() + self.m[r].to_f32()
+        nibble(&self.qs, r, k) as f32 * self.d[r].to_f32() + self.m[r].to_f32()
     }
 
     #[inline]
