@@ -40,6 +40,32 @@ pub const PREFIX_CACHE_HIT_TOKENS: &str = "osprey_prefix_cache_hit_tokens_total"
 pub const PREEMPTIONS: &str = "osprey_preemptions_total";
 /// Wall time of one engine step (schedule, forward pass, sampling), seconds.
 pub const STEP_DURATION: &str = "osprey_engine_step_seconds";
+/// Counter: KV blocks found in a tier below the hot pool and brought back up, by `tier`
+/// (`warm`, `cold`, `redis`).
+pub const KV_TIER_HITS: &str = "osprey_kv_tier_hits_total";
+/// Counter: fetches from the lower tiers that stopped short of the blocks asked for.
+pub const KV_TIER_MISSES: &str = "osprey_kv_tier_misses_total";
+/// Counter: KV blocks written into a tier, by `tier`.
+pub const KV_TIER_STORED: &str = "osprey_kv_tier_stored_blocks_total";
+/// Gauge: bytes a tier holds, by `tier`.
+pub const KV_TIER_BYTES: &str = "osprey_kv_tier_bytes";
+/// Gauge: blocks a tier holds, by `tier` (`hot` counts blocks holding a cached prefix).
+pub const KV_TIER_BLOCKS: &str = "osprey_kv_tier_blocks";
+/// Wall time of one fetch from the lower tiers (all its blocks), seconds.
+pub const KV_TIER_FETCH_DURATION: &str = "osprey_kv_tier_fetch_seconds";
+/// Counter: hot-pool blocks evicted down to the lower tiers.
+pub const KV_TIER_DEMOTED: &str = "osprey_kv_tier_demoted_blocks_total";
+/// Counter: blocks brought back into the hot pool from a lower tier, by `tier`.
+pub const KV_TIER_PROMOTED: &str = "osprey_kv_tier_promoted_blocks_total";
+/// Wall time of planning one step (the scheduler alone), seconds.
+pub const SCHEDULE_DURATION: &str = "osprey_scheduler_plan_seconds";
+/// Steps sequences were held back to keep an expert under capacity (`kda`).
+pub const SCHEDULER_DEFERRALS: &str = "osprey_scheduler_deferrals_total";
+/// Per step of an MoE model: the busiest expert's tokens over the mean expert's, averaged over
+/// MoE layers (1 is perfectly balanced).
+pub const EXPERT_LOAD_IMBALANCE: &str = "osprey_expert_load_imbalance_ratio";
+/// Per step of an MoE model: experts that received tokens, averaged over MoE layers.
+pub const EXPERTS_ACTIVE: &str = "osprey_experts_active";
 /// Requests refused because the waiting queue was full.
 pub const REJECTED_OVERLOADED: &str = "osprey_requests_rejected_overloaded_total";
 /// Gauge: 1 while rate limits are shared through Redis, 0 while this replica falls back to

@@ -1,20 +1,22 @@
 //! The engine handle: loads a model, validates requests, queues them for the engine thread.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use osprey_core::{Error, ErrorKind};
 use osprey_models::{KvCache, ModelError, Transformer};
 
 use crate::chat_template::TemplateMessage;
 use crate::engine_loop::{Command, EngineLoop, LoopSetup};
+use crate::kda::RoutedLoad;
 use crate::kv_events::KvEventLog;
 use crate::prompter::Prompter;
 use crate::request::{EventReceiver, GenerateRequest, ValidRequest};
-use crate::scheduler::SchedulerConfig;
+use crate::scheduler::{SchedulerConfig, SchedulingPolicy};
 use crate::structured::GrammarCompiler;
+use crate::tiers::{BlockLayout, KvTiers, Tier, TierConfig, model_fingerprint};
 use crate::tokenizer::Tokenizer;
 
 /// How the engine is sized and scheduled.
@@ -32,6 +34,8 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Context window; `None` uses the model's.
     pub max_model_len: Option<usize>,
+    /// KV tiers below the pool (host RAM, disk, Redis); none by default.
+    pub tiers: TierConfig,
 }
 
 impl Default for EngineConfig {
@@ -43,6 +47,7 @@ impl Default for EngineConfig {
             max_waiting: 256,
             threads: 0,
             max_model_len: None,
+            tiers: TierConfig::default(),
         }
     }
 }
@@ -96,6 +101,30 @@ pub struct EngineStats {
     pub(crate) preemptions: AtomicU64,
     pub(crate) prefix_queried_tokens: AtomicU64,
     pub(crate) prefix_hit_tokens: AtomicU64,
+    pub(crate) deferrals: AtomicU64,
+    /// KV blocks brought back into the pool from each lower tier (warm, cold, shared).
+    pub(crate) tier_hits: [AtomicU64; 3],
+    /// The scheduling policy in force, as its index in [`POLICIES`].
+    policy: AtomicU8,
+    routing: Mutex<RoutingTotals>,
+}
+
+/// The policies, numbered for [`EngineStats`].
+const POLICIES: [SchedulingPolicy; 3] = [
+    SchedulingPolicy::Priority,
+    SchedulingPolicy::Fcfs,
+    SchedulingPolicy::Kda,
+];
+
+/// Sums over the steps of an MoE model of what they routed (see [`RoutedLoad`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RoutingTotals {
+    /// Steps measured.
+    pub steps: u64,
+    /// Sum of their expert-load imbalance.
+    pub imbalance: f64,
+    /// Sum of their experts run per MoE layer.
+    pub active_experts: f64,
 }
 
 impl EngineStats {
@@ -130,6 +159,34 @@ impl EngineStats {
     /// Of those, tokens whose KV was reused.
     pub fn prefix_hit_tokens(&self) -> u64 {
         self.prefix_hit_tokens.load(Ordering::Relaxed)
+    }
+    /// KV blocks brought back into the pool from `tier` so far.
+    pub fn tier_hits(&self, tier: Tier) -> u64 {
+        self.tier_hits[tier as usize].load(Ordering::Relaxed)
+    }
+    /// Steps sequences were held back to keep an expert under capacity (`kda`).
+    pub fn deferrals(&self) -> u64 {
+        self.deferrals.load(Ordering::Relaxed)
+    }
+    /// The scheduling policy in force.
+    pub fn policy(&self) -> SchedulingPolicy {
+        POLICIES[self.policy.load(Ordering::Relaxed) as usize]
+    }
+    /// What the steps of an MoE model have routed so far (zero for a dense model).
+    pub fn routing(&self) -> RoutingTotals {
+        *self.routing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn set_policy(&self, policy: SchedulingPolicy) {
+        let i = POLICIES.iter().position(|&p| p == policy).unwrap_or(0);
+        self.policy.store(i as u8, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_routing(&self, load: &RoutedLoad) {
+        let mut t = self.routing.lock().unwrap_or_else(|e| e.into_inner());
+        t.steps += 1;
+        t.imbalance += load.imbalance as f64;
+        t.active_experts += load.active_experts as f64;
     }
 }
 
@@ -183,7 +240,23 @@ impl Engine {
         let stats = Arc::new(EngineStats::default());
         stats.free_blocks.store(blocks, Ordering::Relaxed);
         stats.total_blocks.store(blocks, Ordering::Relaxed);
+        stats.set_policy(config.scheduler.policy);
         let kv = KvCache::new(&mc, blocks);
+        let tiers = match config.tiers.enabled() {
+            true => {
+                let layout = BlockLayout {
+                    len: kv.block_len(),
+                    group: osprey_models::BLOCK_SIZE * mc.head_dim,
+                };
+                let start =
+                    || KvTiers::start(config.tiers.clone(), &model_fingerprint(path)?, layout);
+                Some(
+                    start()
+                        .map_err(|e| ModelError::Input(format!("starting the KV tiers: {e}")))?,
+                )
+            }
+            false => None,
+        };
         let end_tokens = prompter.tokenizer().end_of_generation().to_vec();
         let kv_events = Arc::new(KvEventLog::default());
         let loop_events = kv_events.clone();
@@ -203,6 +276,7 @@ impl Engine {
                     max_model_len,
                     stats: loop_stats,
                     kv_events: loop_events,
+                    tiers,
                 };
                 EngineLoop::new(setup).run(rx)
             })
@@ -226,6 +300,15 @@ impl Engine {
                 max_waiting: config.max_waiting,
             }),
         })
+    }
+
+    /// Switches the scheduling policy from the engine's next step on (waiting requests are
+    /// requeued in the new order; running ones keep their place).
+    pub fn set_scheduling_policy(&self, policy: SchedulingPolicy) -> Result<(), Error> {
+        (self.shared.commands.send(Command::SetPolicy(policy)))
+            .map_err(|_| Error::new(ErrorKind::Unavailable, "the engine has stopped"))?;
+        self.shared.stats.set_policy(policy);
+        Ok(())
     }
 
     /// The model's tokenizer.

@@ -33,6 +33,7 @@ pub mod detokenizer;
 pub mod embedder;
 pub mod engine;
 mod engine_loop;
+pub mod kda;
 pub mod kv;
 pub mod kv_events;
 pub mod output;
@@ -42,12 +43,16 @@ pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
 pub mod structured;
+pub mod tiers;
 pub mod tokenizer;
 pub mod tools;
 
 pub use chat_template::{ChatTemplate, TemplateMessage};
 pub use embedder::Embedder;
-pub use engine::{Engine, EngineConfig, EngineStats, ModelInfo, default_kv_cache_bytes};
+pub use engine::{
+    Engine, EngineConfig, EngineStats, ModelInfo, RoutingTotals, default_kv_cache_bytes,
+};
+pub use kda::KdaConfig;
 pub use kv_events::{KvEventBatch, KvEventLog, KvSnapshot};
 pub use output::{Delta, Generation};
 pub use prompter::Prompter;
@@ -55,4 +60,5 @@ pub use request::{GenerateRequest, SeqEvent, ValidRequest};
 pub use sampler::{Sampled, TokenLogprob};
 pub use scheduler::{SchedulerConfig, SchedulingPolicy};
 pub use structured::{Constraint, GrammarCompiler};
+pub use tiers::{Codec, SharedConfig, Tier, TierConfig};
 pub use tokenizer::Tokenizer;

@@ -18,6 +18,8 @@ pub struct GenerateRequest {
     pub seed: u64,
     /// Scheduling class.
     pub priority: Priority,
+    /// When the first token is due, from arrival (the scheduler's default when `None`).
+    pub deadline: Option<std::time::Duration>,
     /// Separates prefix-cache entries: sequences share cached KV only with the same salt.
     pub cache_salt: String,
     /// The structure the output must follow, enforced token by token.
@@ -33,6 +35,7 @@ impl GenerateRequest {
             prompt_logprobs: false,
             seed: 0,
             priority: Priority::Interactive,
+            deadline: None,
             cache_salt: String::new(),
             grammar: None,
         }

@@ -8,22 +8,32 @@
 //!    prefills advance by at most `batch_prefill_chunk` tokens a step, so interactive decodes are
 //!    never held behind a long batch prompt. A sequence that cannot get a KV block preempts the
 //!    lowest-priority, newest running sequence.
-//! 3. Waiting sequences are admitted — interactive first, except that a batch request older than
-//!    `starvation_timeout` counts as interactive — reusing cached prefixes, while the budget, the
-//!    sequence cap and the KV pool allow.
+//! 3. Waiting sequences are admitted — interactive first, except that a batch request past its
+//!    deadline (by default `starvation_timeout` after it arrived) counts as interactive —
+//!    reusing cached prefixes, while the budget, the sequence cap and the KV pool allow.
 //!
 //! Preemption is by recompute (vLLM's default): the victim's blocks are freed and it returns to
 //! the front of its queue; on resumption its tokens are recomputed (often from the prefix cache)
-//! and generation continues exactly where it stopped. With the `fcfs` policy every request is in
-//! one class, which reduces all of the above to first come, first served.
+//! and generation continues exactly where it stopped.
+//!
+//! Three policies, switchable while running ([`Scheduler::set_policy`]):
+//! - `priority`: the above.
+//! - `fcfs`: every request in one class, which reduces all of the above to first come, first
+//!   served.
+//! - `kda`: the above, earliest deadline first within each class, and on an MoE model the
+//!   demoted (batch) sequences composed around the experts the step already uses: those sharing
+//!   them most go first, and one that would push an expert past its capacity waits a step
+//!   ([`crate::kda`]).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use osprey_core::{FinishReason, Priority};
 
+use crate::kda::{ExpertLayout, ExpertLoad, KdaConfig, share_experts_order};
 use crate::kv::SharedKvCacheManager;
 use crate::sequence::Sequence;
+use osprey_models::BLOCK_SIZE;
 
 /// How requests are ordered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -33,6 +43,26 @@ pub enum SchedulingPolicy {
     Priority,
     /// Arrival order only.
     Fcfs,
+    /// Priority with deadlines, and batches composed by expert load and overlap.
+    Kda,
+}
+
+impl SchedulingPolicy {
+    /// The policy's name on the command line and in the admin API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Priority => "priority",
+            Self::Fcfs => "fcfs",
+            Self::Kda => "kda",
+        }
+    }
+
+    /// The policy named `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Priority, Self::Fcfs, Self::Kda]
+            .into_iter()
+            .find(|p| p.as_str() == name)
+    }
 }
 
 /// Limits and policy of the scheduler.
@@ -44,10 +74,13 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Ordering policy.
     pub policy: SchedulingPolicy,
-    /// A batch request waiting or running longer than this is treated as interactive.
+    /// A batch request waiting or running longer than this (without a deadline of its own) is
+    /// treated as interactive.
     pub starvation_timeout: Duration,
     /// Most prompt tokens a batch sequence prefills per step while interactive work exists.
     pub batch_prefill_chunk: usize,
+    /// Settings of the `kda` policy.
+    pub kda: KdaConfig,
 }
 
 impl Default for SchedulerConfig {
@@ -58,6 +91,7 @@ impl Default for SchedulerConfig {
             policy: SchedulingPolicy::Priority,
             starvation_timeout: Duration::from_secs(300),
             batch_prefill_chunk: 64,
+            kda: KdaConfig::default(),
         }
     }
 }
@@ -84,11 +118,14 @@ pub struct SchedulerOutput {
 pub struct Scheduler {
     config: SchedulerConfig,
     kv: SharedKvCacheManager,
-    /// Waiting sequences, interactive and batch, each in arrival order (preempted sequences
-    /// re-enter at the front).
+    /// The model's MoE layers, which `kda` balances (`None` for a dense model).
+    experts: Option<ExpertLayout>,
+    /// Waiting sequences, interactive and batch, each in arrival order (`kda`: deadline order;
+    /// preempted sequences re-enter at the front).
     waiting: [VecDeque<Sequence>; 2],
     running: Vec<Sequence>,
     preemptions: u64,
+    deferrals: u64,
 }
 
 impl Scheduler {
@@ -97,16 +134,50 @@ impl Scheduler {
         Self {
             config,
             kv,
+            experts: None,
             waiting: [VecDeque::new(), VecDeque::new()],
             running: Vec::new(),
             preemptions: 0,
+            deferrals: 0,
+        }
+    }
+
+    /// Tells the scheduler the model's MoE layout, so that `kda` can balance its experts.
+    pub fn set_expert_layout(&mut self, layout: Option<ExpertLayout>) {
+        self.experts = layout;
+    }
+
+    /// Limits and settings.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> SchedulingPolicy {
+        self.config.policy
+    }
+
+    /// Switches the policy; waiting sequences are requeued in the new policy's order.
+    pub fn set_policy(&mut self, policy: SchedulingPolicy) {
+        if policy == self.config.policy {
+            return;
+        }
+        self.config.policy = policy;
+        let mut waiting: Vec<Sequence> =
+            self.waiting.iter_mut().flat_map(|q| q.drain(..)).collect();
+        waiting.sort_by_key(|s| s.arrival);
+        for seq in waiting {
+            self.add(seq);
         }
     }
 
     /// Queues a new sequence.
     pub fn add(&mut self, seq: Sequence) {
         let q = self.queue_of(&seq);
-        self.waiting[q].push_back(seq);
+        match self.config.policy {
+            SchedulingPolicy::Kda => self.insert_by_deadline(q, seq),
+            _ => self.waiting[q].push_back(seq),
+        }
     }
 
     /// Whether anything is queued or running.
@@ -134,6 +205,11 @@ impl Scheduler {
         self.preemptions
     }
 
+    /// Steps sequences were held back to keep an expert under capacity (`kda`), so far.
+    pub fn deferrals(&self) -> u64 {
+        self.deferrals
+    }
+
     /// Drops sequences whose clients have gone (their blocks return to the pool).
     pub fn remove_cancelled(&mut self) -> usize {
         let before = self.num_waiting() + self.running.len();
@@ -156,19 +232,43 @@ impl Scheduler {
     /// Which waiting queue a sequence belongs to.
     fn queue_of(&self, seq: &Sequence) -> usize {
         match (self.config.policy, seq.priority) {
-            (SchedulingPolicy::Priority, Priority::Batch) => 1,
-            _ => 0,
+            (SchedulingPolicy::Fcfs, _) | (_, Priority::Interactive) => 0,
+            (_, Priority::Batch) => 1,
         }
     }
 
-    /// 0 for interactive (or starving batch) work, 1 for batch.
+    /// When `seq` is late: for interactive work, when its first token is due; for batch work,
+    /// when it stops being demoted.
+    fn deadline(&self, seq: &Sequence) -> Instant {
+        let default = match seq.priority {
+            Priority::Interactive => self.config.kda.interactive_deadline,
+            Priority::Batch => self.config.starvation_timeout,
+        };
+        let after = seq.deadline.unwrap_or(default);
+        (seq.arrival.checked_add(after)).unwrap_or(seq.arrival + Duration::from_secs(86_400))
+    }
+
+    /// The order within a class: arrival, or deadline under `kda`.
+    fn order_key(&self, seq: &Sequence) -> Instant {
+        match self.config.policy {
+            SchedulingPolicy::Kda => self.deadline(seq),
+            _ => seq.arrival,
+        }
+    }
+
+    /// 0 for interactive (or late batch) work, 1 for batch.
     fn class(&self, seq: &Sequence, now: Instant) -> usize {
-        let aged = now.saturating_duration_since(seq.arrival) >= self.config.starvation_timeout;
-        if self.queue_of(seq) == 1 && !aged {
+        if self.queue_of(seq) == 1 && now < self.deadline(seq) {
             1
         } else {
             0
         }
+    }
+
+    fn insert_by_deadline(&mut self, q: usize, seq: Sequence) {
+        let key = self.deadline(&seq);
+        let at = self.waiting[q].partition_point(|s| self.deadline(s) <= key);
+        self.waiting[q].insert(at, seq);
     }
 
     /// The waiting queue to admit from next.
@@ -177,11 +277,13 @@ impl Scheduler {
             (None, None) => None,
             (Some(_), None) => Some(0),
             (None, Some(_)) => Some(1),
-            (Some(i), Some(b)) => Some(if self.class(b, now) == 0 && b.arrival < i.arrival {
-                1
-            } else {
-                0
-            }),
+            (Some(i), Some(b)) => Some(
+                if self.class(b, now) == 0 && self.order_key(b) < self.order_key(i) {
+                    1
+                } else {
+                    0
+                },
+            ),
         }
     }
 
@@ -191,7 +293,10 @@ impl Scheduler {
         seq.num_computed = 0;
         self.preemptions += 1;
         let q = self.queue_of(&seq);
-        self.waiting[q].push_front(seq);
+        match self.config.policy {
+            SchedulingPolicy::Kda => self.insert_by_deadline(q, seq),
+            _ => self.waiting[q].push_front(seq),
+        }
     }
 
     /// Tokens `seq` may compute this step from a budget of `budget`.
@@ -209,13 +314,62 @@ impl Scheduler {
         n
     }
 
+    /// Sorts the running sequences most urgent first: by class, then arrival (`kda`: deadline,
+    /// and demoted sequences in the order that shares experts most).
+    fn order_running(&mut self, now: Instant) {
+        let mut running = std::mem::take(&mut self.running);
+        running.sort_by_key(|s| (self.class(s, now), self.order_key(s)));
+        if let Some(load) = self.expert_load(0) {
+            let split = running.partition_point(|s| self.class(s, now) == 0);
+            let mut load = load;
+            for s in &running[..split] {
+                load.add(s.experts.load(), 1);
+            }
+            let demoted: Vec<Option<Sequence>> =
+                running.split_off(split).into_iter().map(Some).collect();
+            let forecasts: Vec<_> = (demoted.iter().flatten())
+                .map(|s| (s.experts.load(), 1))
+                .collect();
+            let order = share_experts_order(load, &forecasts);
+            let mut demoted = demoted;
+            running.extend(order.into_iter().filter_map(|i| demoted[i].take()));
+        }
+        self.running = running;
+    }
+
+    /// An empty step's expert load for `tokens` tokens, when `kda` balances experts.
+    fn expert_load(&self, tokens: usize) -> Option<ExpertLoad> {
+        let layout = self.experts.clone()?;
+        (self.config.policy == SchedulingPolicy::Kda)
+            .then(|| ExpertLoad::new(layout, tokens, self.config.kda.expert_capacity))
+    }
+
+    /// `kda`: how many of the `n` tokens `seq` would compute keep every expert under capacity.
+    /// A decode runs whole or not at all (0); a prompt chunk is cut to what fits, in whole
+    /// blocks, and to one block while its routing is unknown.
+    fn balanced_chunk(&self, load: &ExpertLoad, seq: &Sequence, n: usize) -> usize {
+        let forecast = seq.experts.load();
+        let fit = load.fitting(forecast, n);
+        if n <= 1 || fit == n {
+            return if forecast.is_none() && n > BLOCK_SIZE {
+                BLOCK_SIZE
+            } else {
+                fit
+            };
+        }
+        let fit = fit / BLOCK_SIZE * BLOCK_SIZE;
+        if forecast.is_none() {
+            fit.clamp(BLOCK_SIZE.min(n), BLOCK_SIZE)
+        } else {
+            fit
+        }
+    }
+
     /// Plans the next step.
     pub fn schedule(&mut self) -> SchedulerOutput {
         let now = Instant::now();
         let mut out = SchedulerOutput::default();
-        let mut running = std::mem::take(&mut self.running);
-        running.sort_by_key(|s| (self.class(s, now), s.arrival));
-        self.running = running;
+        self.order_running(now);
         self.make_room_for_interactive(now);
 
         let interactive_active = self.running.iter().any(|s| self.class(s, now) == 0)
@@ -225,12 +379,31 @@ impl Scheduler {
                     .is_some_and(|s| self.class(s, now) == 0)
             });
         let mut budget = self.config.max_num_batched_tokens;
+        // Capacity is a share of what the running sequences would compute if none waited.
+        let wanted: usize = (self.running.iter())
+            .map(|s| self.chunk(s, budget, self.class(s, now), interactive_active))
+            .sum();
+        let mut load = self.expert_load(wanted.min(budget));
 
         // Running sequences, most urgent first.
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let class = self.class(&self.running[i], now);
-            let n = self.chunk(&self.running[i], budget, class, interactive_active);
+            let mut n = self.chunk(&self.running[i], budget, class, interactive_active);
+            if let Some(load) = &load
+                && class == 1
+                && self.running[i].deferrals < self.config.kda.max_deferrals
+            {
+                match self.balanced_chunk(load, &self.running[i], n) {
+                    0 => {
+                        self.running[i].deferrals += 1;
+                        self.deferrals += 1;
+                        i += 1;
+                        continue;
+                    }
+                    fit => n = fit,
+                }
+            }
             let need = self.running[i].num_computed + n;
             let mut ok = self.running[i].block_table.reserve(need);
             while !ok && self.running.len() - 1 > i {
@@ -248,6 +421,11 @@ impl Scheduler {
                 }
                 continue;
             }
+            let seq = &mut self.running[i];
+            seq.deferrals = 0;
+            if let Some(load) = &mut load {
+                load.add(seq.experts.load(), n);
+            }
             out.scheduled.push(ScheduledSeq {
                 index: i,
                 n_tokens: n,
@@ -264,7 +442,12 @@ impl Scheduler {
             if seq.num_computed == 0 && seq.prefix_cacheable {
                 seq.num_computed = seq.block_table.match_prefix(&seq.tokens);
             }
-            let n = self.chunk(&self.waiting[q][0], budget, class, interactive_active);
+            let mut n = self.chunk(&self.waiting[q][0], budget, class, interactive_active);
+            if let Some(load) = &load
+                && class == 1
+            {
+                n = self.balanced_chunk(load, &self.waiting[q][0], n).max(1);
+            }
             let seq = self.waiting[q].front_mut().expect("non-empty");
             if !seq.block_table.reserve(seq.num_computed + n) {
                 // Give back any prefix blocks it took; try again next step.
@@ -278,6 +461,9 @@ impl Scheduler {
                 break;
             }
             let seq = self.waiting[q].pop_front().expect("non-empty");
+            if let Some(load) = &mut load {
+                load.add(seq.experts.load(), n);
+            }
             self.running.push(seq);
             out.scheduled.push(ScheduledSeq {
                 index: self.running.len() - 1,
@@ -327,6 +513,7 @@ mod tests {
     use osprey_core::SamplingParams;
 
     use super::*;
+    use crate::kda::{ExpertLayout, KdaConfig};
     use crate::kv::{BlockTable, KvCacheManager};
     use crate::sampler::Sampler;
 
@@ -357,6 +544,10 @@ mod tests {
             end_tokens: Vec::new(),
             events,
             arrival: Instant::now(),
+            deadline: None,
+            experts: Default::default(),
+            heat: Default::default(),
+            deferrals: 0,
             finish: None,
         }
     }
@@ -511,5 +702,143 @@ mod tests {
             second.scheduled[0].n_tokens, 8,
             "two cached blocks are reused"
         );
+    }
+
+    /// One MoE layer of 4 experts, top-1: slot e is expert e.
+    fn one_layer() -> ExpertLayout {
+        ExpertLayout {
+            experts: 4,
+            top_k: 1,
+            layers: 1,
+        }
+    }
+
+    /// A running (prefilled) batch sequence whose recent tokens all went to `expert`.
+    fn decoding(m: &SharedKvCacheManager, id: u64, expert: u32) -> Sequence {
+        let mut q = seq(m, id, 8, Priority::Batch);
+        q.num_computed = 7;
+        assert!(q.block_table.reserve(8));
+        q.experts.observe(&one_layer(), &[expert], 1);
+        q
+    }
+
+    fn kda(capacity: f32) -> SchedulerConfig {
+        SchedulerConfig {
+            policy: SchedulingPolicy::Kda,
+            kda: KdaConfig {
+                expert_capacity: capacity,
+                max_deferrals: 2,
+                ..KdaConfig::default()
+            },
+            ..SchedulerConfig::default()
+        }
+    }
+
+    fn scheduled_ids(s: &Scheduler, out: &SchedulerOutput) -> Vec<u64> {
+        let mut ids: Vec<u64> = out
+            .scheduled
+            .iter()
+            .map(|p| s.running()[p.index].id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn kda_runs_the_earliest_deadline_first() {
+        let config = SchedulerConfig {
+            max_num_seqs: 1,
+            ..kda(2.0)
+        };
+        let (mut s, m) = scheduler(config, 64);
+        s.add(seq(&m, 1, 20, Priority::Interactive));
+        let mut urgent = seq(&m, 2, 20, Priority::Interactive);
+        urgent.deadline = Some(Duration::from_millis(100));
+        s.add(urgent);
+        run_step(&mut s);
+        assert_eq!(running_ids(&s), [2], "the later request is due sooner");
+    }
+
+    #[test]
+    fn kda_promotes_a_batch_request_past_its_deadline() {
+        let config = SchedulerConfig {
+            max_num_seqs: 1,
+            ..kda(2.0)
+        };
+        let (mut s, m) = scheduler(config, 64);
+        let mut late = seq(&m, 1, 20, Priority::Batch);
+        late.deadline = Some(Duration::ZERO);
+        s.add(late);
+        s.add(seq(&m, 2, 20, Priority::Interactive));
+        run_step(&mut s);
+        assert_eq!(running_ids(&s), [1]);
+    }
+
+    #[test]
+    fn kda_defers_sequences_that_would_overload_a_hot_expert_but_never_starves_them() {
+        // Four decodes: three on expert 0, one on expert 3. Fair share 1 token per expert;
+        // capacity 2× lets two tokens onto expert 0.
+        let (mut s, m) = scheduler(kda(2.0), 64);
+        s.set_expert_layout(Some(one_layer()));
+        for (id, e) in [(1, 0), (2, 0), (3, 0), (4, 3)] {
+            s.running.push(decoding(&m, id, e));
+        }
+        let out = s.schedule();
+        assert_eq!(scheduled_ids(&s, &out), [1, 2, 4]);
+        assert_eq!(s.deferrals(), 1);
+        // Deferred twice in a row (max_deferrals), it then runs whatever the load.
+        s.schedule();
+        let out = s.schedule();
+        assert!(scheduled_ids(&s, &out).contains(&3));
+        assert_eq!(s.deferrals(), 2);
+    }
+
+    #[test]
+    fn other_policies_never_defer_for_experts() {
+        for policy in [SchedulingPolicy::Priority, SchedulingPolicy::Fcfs] {
+            let (mut s, m) = scheduler(SchedulerConfig { policy, ..kda(1.0) }, 64);
+            s.set_expert_layout(Some(one_layer()));
+            for id in 1..=4 {
+                s.running.push(decoding(&m, id, 0));
+            }
+            let out = s.schedule();
+            assert_eq!(out.scheduled.len(), 4, "{policy:?}");
+            assert_eq!(s.deferrals(), 0);
+        }
+    }
+
+    #[test]
+    fn kda_puts_demoted_sequences_sharing_the_critical_paths_experts_first() {
+        let (mut s, m) = scheduler(kda(4.0), 64);
+        s.set_expert_layout(Some(one_layer()));
+        let mut critical = decoding(&m, 1, 2);
+        critical.priority = Priority::Interactive;
+        s.running.push(decoding(&m, 2, 0));
+        s.running.push(decoding(&m, 3, 1));
+        s.running.push(decoding(&m, 4, 2));
+        s.running.push(critical);
+        s.schedule();
+        assert_eq!(
+            running_ids(&s)[..2],
+            [1, 4],
+            "4 shares expert 2 with the critical path"
+        );
+    }
+
+    #[test]
+    fn the_policy_switches_while_requests_wait() {
+        let config = SchedulerConfig {
+            max_num_seqs: 1,
+            policy: SchedulingPolicy::Fcfs,
+            ..SchedulerConfig::default()
+        };
+        let (mut s, m) = scheduler(config, 64);
+        s.add(seq(&m, 1, 20, Priority::Batch));
+        s.add(seq(&m, 2, 20, Priority::Interactive));
+        s.set_policy(SchedulingPolicy::Kda);
+        assert_eq!(s.policy(), SchedulingPolicy::Kda);
+        run_step(&mut s);
+        assert_eq!(running_ids(&s), [2], "interactive goes first once requeued");
+        assert_eq!(s.num_waiting(), 1);
     }
 }

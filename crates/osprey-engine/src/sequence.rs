@@ -1,9 +1,10 @@
 //! A sequence: one prompt being continued, with its KV blocks and sampler.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use osprey_core::{FinishReason, Priority};
 
+use crate::kda::{BlockHeat, ExpertForecast};
 use crate::kv::BlockTable;
 use crate::request::{EventSender, SeqEvent};
 use crate::sampler::Sampler;
@@ -42,6 +43,15 @@ pub struct Sequence {
     pub events: EventSender,
     /// When the request reached the engine (the order of `fcfs`, and anti-starvation).
     pub arrival: Instant,
+    /// The first-token deadline the request asked for, from `arrival` (the policy's default
+    /// for its class otherwise).
+    pub deadline: Option<Duration>,
+    /// Its recent expert choices, which forecast its next step's (`kda`).
+    pub experts: ExpertForecast,
+    /// Where its attention goes, per KV block (`kda`, sampled).
+    pub heat: BlockHeat,
+    /// Steps it has been deferred in a row to keep an expert under capacity (`kda`).
+    pub deferrals: u32,
     /// Set when the last step ended the sequence.
     pub finish: Option<FinishReason>,
 }

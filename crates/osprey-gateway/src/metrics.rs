@@ -22,6 +22,19 @@ const BATCH_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
 ];
 
+/// Buckets for the scheduler's planning time (seconds): microseconds, not milliseconds.
+const PLAN_BUCKETS: &[f64] = &[
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.0025, 0.01,
+];
+/// Buckets for expert-load imbalance (busiest over mean expert).
+const IMBALANCE_BUCKETS: &[f64] = &[
+    1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 16.0,
+];
+/// Buckets for experts run per MoE layer in a step.
+const EXPERT_BUCKETS: &[f64] = &[
+    1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 12.0, 16.0, 32.0, 64.0,
+];
+
 /// The process-wide Prometheus recorder (installed on first use).
 pub fn prometheus() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -36,6 +49,24 @@ pub fn prometheus() -> &'static PrometheusHandle {
             })
             .and_then(|b| {
                 b.set_buckets_for_metric(Matcher::Prefix("osprey_batch_".into()), BATCH_BUCKETS)
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(names::SCHEDULE_DURATION.into()),
+                    PLAN_BUCKETS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(names::EXPERT_LOAD_IMBALANCE.into()),
+                    IMBALANCE_BUCKETS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(names::EXPERTS_ACTIVE.into()),
+                    EXPERT_BUCKETS,
+                )
             })
             .expect("static bucket lists are non-empty");
         let recorder = builder.build_recorder();

@@ -43,6 +43,53 @@ pub fn perplexity(model: &Transformer, ids: &[u32]) -> (f64, f64) {
     (mean, mean.exp())
 }
 
+/// Perplexity as [`perplexity`] computes it, but one block of tokens per pass: after each full
+/// block is written, `each_block` may rewrite it in the cache (say, through a lossy encoding),
+/// so every later token attends over what it left. Returns (mean NLL, perplexity).
+pub fn perplexity_blockwise(
+    model: &Transformer,
+    ids: &[u32],
+    each_block: &mut dyn FnMut(&mut KvCache, u32),
+) -> (f64, f64) {
+    let v = model.config().vocab_size;
+    let mut kv = KvCache::new(model.config(), ids.len().div_ceil(BLOCK_SIZE).max(1));
+    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let mut scratch = ForwardScratch::default();
+    let mut nll = 0f64;
+    for (b, chunk) in ids.chunks(BLOCK_SIZE).enumerate() {
+        let start = b * BLOCK_SIZE;
+        let seqs = [BatchSeq {
+            n_tokens: chunk.len(),
+            start_pos: start,
+            block_table: &table,
+            logits: LogitsWanted::All,
+        }];
+        let batch = ForwardBatch {
+            tokens: chunk,
+            seqs: &seqs,
+        };
+        let logits = model.forward(&batch, &mut kv, &mut scratch);
+        for (i, row) in logits.chunks_exact(v).enumerate() {
+            let Some(&next) = ids.get(start + i + 1) else {
+                break;
+            };
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lse = max as f64
+                + row
+                    .iter()
+                    .map(|&x| ((x - max) as f64).exp())
+                    .sum::<f64>()
+                    .ln();
+            nll += lse - row[next as usize] as f64;
+        }
+        if chunk.len() == BLOCK_SIZE {
+            each_block(&mut kv, table[b]);
+        }
+    }
+    let mean = nll / (ids.len() - 1) as f64;
+    (mean, mean.exp())
+}
+
 /// The index of the largest value (the first on ties).
 pub fn argmax(row: &[f32]) -> u32 {
     (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32

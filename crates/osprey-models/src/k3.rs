@@ -8,7 +8,7 @@
 //! LatentMoE, for a normed hidden state `x` (width `d`):
 //! ```text
 //! z      = W_down · x                       latent, width L
-//! scores = W_router · z                     one per expert
+//! scores = W_router · z + b_router          one per expert (b optional)
 //! S      = top_k(scores)                    ties to the lower index
 //! g_e    = softmax(scores[S])_e  (Softmax)  or 1 (Select)
 //! y      = W_up · (Σ_{e∈S} g_e · E_e(z) + shared(z))
@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
 use crate::kernels::matmul::QMatrix;
-use crate::kernels::ops::swiglu;
+use crate::kernels::ops::{add_bias, swiglu};
 use crate::source::WeightSource;
 
 /// Which layers of a k3 model are LatentMoE and which use AttnRes.
@@ -156,12 +156,70 @@ impl SwiGlu {
     }
 }
 
+/// `W_down` or `W_up` of a LatentMoE. At full latent width they are often the identity
+/// (identity upcycles, MoEfication at the model's width): then nothing is multiplied.
+enum LatentProjection {
+    Identity,
+    Matrix(QMatrix),
+}
+
+impl LatentProjection {
+    fn load(src: &dyn WeightSource, name: &str, rows: usize, cols: usize) -> Result<Self> {
+        let m = src.matrix(name, rows, cols)?;
+        Ok(if is_identity(&m) {
+            Self::Identity
+        } else {
+            Self::Matrix(m)
+        })
+    }
+
+    fn matmul(&self, x: &[f32], out: &mut [f32]) {
+        match self {
+            Self::Identity => out.copy_from_slice(x),
+            Self::Matrix(m) => m.matmul(x, out),
+        }
+    }
+
+    fn storage_bytes(&self) -> usize {
+        match self {
+            Self::Identity => 0,
+            Self::Matrix(m) => m.storage_bytes(),
+        }
+    }
+
+    fn macs(&self) -> usize {
+        match self {
+            Self::Identity => 0,
+            Self::Matrix(m) => m.rows() * m.cols(),
+        }
+    }
+}
+
+/// Whether `m` is a square identity matrix.
+fn is_identity(m: &QMatrix) -> bool {
+    if m.rows() != m.cols() {
+        return false;
+    }
+    let mut row = vec![0f32; m.cols()];
+    (0..m.rows()).all(|i| {
+        m.row_to_f32(i, &mut row);
+        row.iter()
+            .enumerate()
+            .all(|(j, &v)| v == if i == j { 1.0 } else { 0.0 })
+    })
+}
+
 /// A loaded LatentMoE layer.
 pub struct LatentMoe {
     config: LatentMoeConfig,
-    down: QMatrix,
-    up: QMatrix,
+    /// Model width.
+    width: usize,
+    down: LatentProjection,
+    up: LatentProjection,
     router: QMatrix,
+    /// Added to the router's scores, when the checkpoint has one (`router.bias`): MoEfication
+    /// centres the scores on typical inputs with it, so that no expert wins every token.
+    router_bias: Option<Vec<f32>>,
     experts: Vec<SwiGlu>,
     shared: Option<SwiGlu>,
 }
@@ -186,6 +244,13 @@ pub struct MoeScratch {
     pairs: Vec<(u32, u32, f32)>,
 }
 
+impl MoeScratch {
+    /// The last pass's router scores, `[tokens, experts]`.
+    pub(crate) fn scores(&self) -> &[f32] {
+        &self.scores
+    }
+}
+
 impl LatentMoe {
     /// Loads layer `l`'s tensors (`blk.{l}.moe.*`) for a model of width `d`.
     pub fn load(
@@ -205,9 +270,14 @@ impl LatentMoe {
         };
         Ok(Self {
             config: config.clone(),
-            down: src.matrix(&n("down.weight"), lat, d)?,
-            up: src.matrix(&n("up.weight"), d, lat)?,
+            width: d,
+            down: LatentProjection::load(src, &n("down.weight"), lat, d)?,
+            up: LatentProjection::load(src, &n("up.weight"), d, lat)?,
             router: src.matrix(&n("router.weight"), e, lat)?,
+            router_bias: match src.contains(&n("router.bias")) {
+                true => Some(src.vector(&n("router.bias"), e)?),
+                false => None,
+            },
             experts,
             shared,
         })
@@ -234,8 +304,11 @@ impl LatentMoe {
     /// the shared expert.
     pub fn macs_per_token(&self) -> usize {
         let c = &self.config;
-        let (lat, d) = (c.latent_dim, self.down.cols());
-        2 * lat * d + c.experts * lat + 3 * lat * (c.top_k * c.expert_dim + c.shared_expert_dim)
+        let lat = c.latent_dim;
+        self.down.macs()
+            + self.up.macs()
+            + c.experts * lat
+            + 3 * lat * (c.top_k * c.expert_dim + c.shared_expert_dim)
     }
 
     /// Bytes of all the layer's weights.
@@ -253,11 +326,14 @@ impl LatentMoe {
     pub fn forward(&self, x: &[f32], out: &mut [f32], choices: &mut Vec<u32>, s: &mut MoeScratch) {
         let c = &self.config;
         let (lat, k) = (c.latent_dim, c.top_k);
-        let t = x.len() / self.down.cols();
+        let t = x.len() / self.width;
         s.z.resize(t * lat, 0.0);
         self.down.matmul(x, &mut s.z);
         s.scores.resize(t * c.experts, 0.0);
         self.router.matmul(&s.z, &mut s.scores);
+        if let Some(bias) = &self.router_bias {
+            add_bias(&mut s.scores, bias);
+        }
 
         choices.clear();
         s.pairs.clear();

@@ -101,6 +101,40 @@ impl KvCache {
         )
     }
 
+    /// `f16` values one block holds over all layers, keys and values: the length of
+    /// [`Self::read_block`]'s output.
+    pub fn block_len(&self) -> usize {
+        2 * self.k.len() * self.n_kv_heads * BLOCK_SIZE * self.head_dim
+    }
+
+    /// The shape of a block's contents: `(layers, kv_heads, head_dim)`.
+    pub fn block_shape(&self) -> (usize, usize, usize) {
+        (self.k.len(), self.n_kv_heads, self.head_dim)
+    }
+
+    /// Appends block `block`'s contents, as `f16` bits, to `out`: per layer, its keys then its
+    /// values, each `[kv_head][BLOCK_SIZE · head_dim]` in the pool's layout.
+    pub fn read_block(&self, block: u32, out: &mut Vec<u16>) {
+        let len = self.n_kv_heads * BLOCK_SIZE * self.head_dim;
+        let o = self.offset(block, 0, 0);
+        for (k, v) in self.k.iter().zip(&self.v) {
+            out.extend_from_slice(&k[o..o + len]);
+            out.extend_from_slice(&v[o..o + len]);
+        }
+    }
+
+    /// Overwrites block `block` with contents [`Self::read_block`] produced.
+    pub fn write_block(&mut self, block: u32, data: &[u16]) {
+        assert_eq!(data.len(), self.block_len(), "a block's contents");
+        let len = self.n_kv_heads * BLOCK_SIZE * self.head_dim;
+        let o = self.offset(block, 0, 0);
+        let mut parts = data.chunks_exact(len);
+        for (k, v) in self.k.iter_mut().zip(self.v.iter_mut()) {
+            k[o..o + len].copy_from_slice(parts.next().expect("sized"));
+            v[o..o + len].copy_from_slice(parts.next().expect("sized"));
+        }
+    }
+
     /// Copies every layer's contents of block `src` into block `dst` (copy-on-write).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
         let len = self.n_kv_heads * BLOCK_SIZE * self.head_dim;

@@ -54,4 +54,4 @@ pub use k3::{K3Config, K3LayerConfig, LatentMoeConfig};
 pub use kernels::matmul::{QMatrix, WeightFormat};
 pub use kv_cache::{BLOCK_SIZE, KvCache};
 pub use source::WeightSource;
-pub use transformer::{ForwardScratch, Transformer};
+pub use transformer::{Calibration, ForwardScratch, Transformer};

@@ -49,7 +49,7 @@ enum Mlp {
         gate_up: Projection,
         down: QMatrix,
     },
-    LatentMoe(LatentMoe),
+    LatentMoe(Box<LatentMoe>),
 }
 
 /// Several projections of the same input whose outputs are concatenated: one matrix when the
@@ -141,12 +141,35 @@ pub struct ForwardScratch {
     sample_heat: bool,
     /// Per batch sequence, the attention mass of its last token on each of its blocks.
     heat: Vec<Vec<f32>>,
+    /// What the last pass recorded for calibrating conversions, when asked to.
+    calibration: Option<Calibration>,
+}
+
+/// What a forward pass records for calibrating conversions ([`ForwardScratch::set_calibrate`]).
+#[derive(Clone, Debug, Default)]
+pub struct Calibration {
+    /// Per layer, the mean over the pass's tokens of the normed input its MLP (or LatentMoE)
+    /// read.
+    pub mlp_input_means: Vec<Vec<f32>>,
+    /// Per LatentMoE layer, every token's router scores (`[tokens, experts]`, bias included).
+    pub router_scores: Vec<Vec<f32>>,
 }
 
 impl ForwardScratch {
     /// Makes the next forward passes measure attention heat (see [`Self::heat`]), or stop.
     pub fn set_sample_heat(&mut self, on: bool) {
         self.sample_heat = on;
+    }
+
+    /// Makes the next forward passes record what calibration needs ([`Calibration`]), or
+    /// stop.
+    pub fn set_calibrate(&mut self, on: bool) {
+        self.calibration = on.then(Calibration::default);
+    }
+
+    /// What the last pass recorded, when calibrating.
+    pub fn calibration(&self) -> Option<&Calibration> {
+        self.calibration.as_ref()
     }
 
     /// After a pass with heat sampling on: per batch sequence, the attention mass its last
@@ -156,15 +179,17 @@ impl ForwardScratch {
         &self.heat
     }
 
-    /// The expert slots (`moe_layer * experts + expert`, MoE layers in order) that batch row
-    /// `row` was routed to in the last forward pass; empty for a dense model.
-    pub fn expert_slots(&self, row: usize) -> Vec<u32> {
-        let mut out = Vec::new();
-        for (m, (choices, &(e, k))) in self.routing.iter().zip(&self.routing_shape).enumerate() {
-            let base = (m * e) as u32;
-            out.extend(choices[row * k..(row + 1) * k].iter().map(|&x| base + x));
+    /// Appends the expert slots (`moe_layer * experts + expert`, MoE layers in order) that
+    /// each batch row of `rows` was routed to in the last forward pass: per row, every MoE
+    /// layer's `top_k` choices. Appends nothing for a dense model.
+    pub fn routed_slots(&self, rows: std::ops::Range<usize>, out: &mut Vec<u32>) {
+        for row in rows {
+            let mut base = 0;
+            for (choices, &(e, k)) in self.routing.iter().zip(&self.routing_shape) {
+                out.extend(choices[row * k..(row + 1) * k].iter().map(|&x| base + x));
+                base += e as u32;
+            }
         }
-        out
     }
 }
 
@@ -231,6 +256,17 @@ impl Transformer {
     /// The k3 layer plan, for a k3 model.
     pub fn k3(&self) -> Option<&K3Config> {
         self.k3.as_ref()
+    }
+
+    /// `(experts, top_k)` of each LatentMoE layer, in order (empty for a dense model): how
+    /// [`ForwardScratch::routed_slots`] numbers expert slots.
+    pub fn moe_layout(&self) -> Vec<(usize, usize)> {
+        (self.layers.iter())
+            .filter_map(|l| match &l.mlp {
+                Mlp::LatentMoe(m) => Some((m.config().experts, m.config().top_k)),
+                Mlp::Dense { .. } => None,
+            })
+            .collect()
     }
 
     /// Bytes of weights one token's forward pass reads (what bounds single-stream decode
@@ -330,6 +366,9 @@ impl Transformer {
         s.routing.resize_with(self.moe_layers(), Vec::new);
         s.routing_shape.clear();
         s.residuals.resize_with(c.n_layers, Vec::new);
+        if let Some(c) = &mut s.calibration {
+            *c = Calibration::default();
+        }
         let mut moe_index = 0;
         for (l, layer) in self.layers.iter().enumerate() {
             if self.is_residual_source(l) {
@@ -364,6 +403,15 @@ impl Transformer {
             add_assign(&mut s.x, &s.tmp);
 
             rms_norm(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.xn);
+            if let Some(c) = &mut s.calibration {
+                let mut mean = vec![0f32; d];
+                for row in s.xn.chunks_exact(d) {
+                    for (m, &v) in mean.iter_mut().zip(row) {
+                        *m += v / t as f32;
+                    }
+                }
+                c.mlp_input_means.push(mean);
+            }
             match &layer.mlp {
                 Mlp::Dense { gate_up, down } => {
                     s.gate_up.resize(t * 2 * c.ffn_dim, 0.0);
@@ -374,6 +422,9 @@ impl Transformer {
                 }
                 Mlp::LatentMoe(moe) => {
                     moe.forward(&s.xn, &mut s.tmp, &mut s.routing[moe_index], &mut s.moe);
+                    if let Some(c) = &mut s.calibration {
+                        c.router_scores.push(s.moe.scores().to_vec());
+                    }
                     s.routing_shape
                         .push((moe.config().experts, moe.config().top_k));
                     moe_index += 1;
@@ -467,7 +518,7 @@ fn load_layer(
         None
     };
     let mlp = match plan.and_then(|p| p.moe.as_ref()) {
-        Some(moe) => Mlp::LatentMoe(LatentMoe::load(src, l, d, moe)?),
+        Some(moe) => Mlp::LatentMoe(Box::new(LatentMoe::load(src, l, d, moe)?)),
         None => Mlp::Dense {
             gate_up: Projection::load(
                 src,

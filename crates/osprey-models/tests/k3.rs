@@ -9,7 +9,10 @@ use osprey_models::convert::Input;
 use osprey_models::convert::quantize::{QuantizeOptions, quantize};
 use osprey_models::convert::upcycle::{UpcycleMode, UpcycleOptions, upcycle};
 use osprey_models::eval::{all_logits, greedy, perplexity};
-use osprey_models::{Checkpoint, Transformer, WeightFormat};
+use osprey_models::{
+    BatchSeq, Checkpoint, ForwardBatch, ForwardScratch, KvCache, LogitsWanted, Transformer,
+    WeightFormat,
+};
 use osprey_testkit::{default_model, golden};
 
 struct TempDir(PathBuf);
@@ -29,12 +32,28 @@ impl Drop for TempDir {
 }
 
 fn upcycled(src: &Path, dst: &Path, mode: UpcycleMode, experts: usize, top_k: usize) {
+    upcycled_with(src, dst, mode, (experts, top_k), calibration())
+}
+
+/// Calibration tokens for MoEfication: golden text the tests below never score.
+fn calibration() -> Vec<u32> {
+    golden().perplexity.ids[600..1000].to_vec()
+}
+
+fn upcycled_with(
+    src: &Path,
+    dst: &Path,
+    mode: UpcycleMode,
+    (experts, top_k): (usize, usize),
+    calibration: Vec<u32>,
+) {
     let options = UpcycleOptions {
         mode,
         experts,
         top_k,
         shards: 8,
         expert_format: WeightFormat::Ggml(GgmlDType::F32),
+        calibration,
     };
     upcycle(&Input::open(src).unwrap(), dst, &options, &|_| {}, &|_| {}).unwrap();
 }
@@ -130,4 +149,53 @@ fn moefication_is_exact_with_every_expert_and_lossy_with_fewer() {
     );
     let sparse = two;
     assert!(sparse.weight_bytes() < dense.weight_bytes());
+}
+
+/// Mean over MoE layers of the busiest expert's share of `ids`' tokens, times the experts.
+fn imbalance(model: &Transformer, ids: &[u32]) -> f32 {
+    let (e, k) = model.moe_layout()[0];
+    let mut kv = KvCache::new(
+        model.config(),
+        ids.len().div_ceil(osprey_models::BLOCK_SIZE),
+    );
+    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let seqs = [BatchSeq {
+        n_tokens: ids.len(),
+        start_pos: 0,
+        block_table: &table,
+        logits: LogitsWanted::Last,
+    }];
+    let mut scratch = ForwardScratch::default();
+    model.forward(
+        &ForwardBatch {
+            tokens: ids,
+            seqs: &seqs,
+        },
+        &mut kv,
+        &mut scratch,
+    );
+    let mut slots = Vec::new();
+    scratch.routed_slots(0..ids.len(), &mut slots);
+    let layers = model.moe_layout().len();
+    let mut counts = vec![0usize; layers * e];
+    for s in slots {
+        counts[s as usize] += 1;
+    }
+    let per_layer = counts
+        .chunks(e)
+        .map(|c| *c.iter().max().unwrap() as f32 * e as f32 / (ids.len() * k) as f32);
+    per_layer.sum::<f32>() / layers as f32
+}
+
+#[test]
+fn centred_routers_spread_tokens_over_experts() {
+    let (plain, centred) = (TempDir::new("router-plain"), TempDir::new("router-centred"));
+    let mode = UpcycleMode::Moefy { latent_dim: 576 };
+    upcycled_with(&default_model(), &plain.0, mode, (4, 1), Vec::new());
+    upcycled_with(&default_model(), &centred.0, mode, (4, 1), calibration());
+    let ids = &golden().perplexity.ids[..300];
+    let before = imbalance(&Transformer::open(&plain.0).unwrap(), ids);
+    let after = imbalance(&Transformer::open(&centred.0).unwrap(), ids);
+    // 4 is every token on one expert, 1 an even spread.
+    assert!(after < before, "centred {after} vs plain {before}");
 }

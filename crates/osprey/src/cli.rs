@@ -181,9 +181,21 @@ pub struct EngineArgs {
     /// Turn off reuse of cached prompt prefixes across requests.
     #[arg(long, env = "OSPREY_NO_PREFIX_CACHING")]
     pub no_prefix_caching: bool,
-    /// `priority` (interactive before batch) or `fcfs` (arrival order).
-    #[arg(long, env = "OSPREY_SCHEDULING_POLICY", default_value = "priority", value_parser = ["priority", "fcfs"])]
+    /// `priority` (interactive before batch), `fcfs` (arrival order) or `kda` (priority with
+    /// deadlines; on an MoE model, batches composed by expert load). Switchable while running
+    /// with `PUT /admin/scheduler`.
+    #[arg(long, env = "OSPREY_SCHEDULING_POLICY", default_value = "priority", value_parser = ["priority", "fcfs", "kda"])]
     pub scheduling_policy: String,
+    /// `kda`: the most tokens one expert may take in a step, as a multiple of its fair share
+    /// (top_k × tokens / experts); batch sequences that would exceed it wait a step.
+    #[arg(long, env = "OSPREY_EXPERT_CAPACITY", default_value_t = 2.0, value_parser = parse_capacity)]
+    pub expert_capacity: f32,
+    /// `kda`: steps a sequence may be held back in a row for expert capacity.
+    #[arg(long, env = "OSPREY_MAX_DEFERRALS", default_value_t = 4)]
+    pub max_deferrals: u32,
+    /// `kda`: steps between samples of attention heat per KV block (0: never).
+    #[arg(long, env = "OSPREY_HEAT_INTERVAL", default_value_t = 16)]
+    pub heat_interval: usize,
     /// Sequences that may wait for admission; more requests get 503 with `retry-after`.
     #[arg(long, env = "OSPREY_MAX_WAITING", default_value_t = 256)]
     pub max_waiting: usize,
@@ -202,6 +214,30 @@ pub struct EngineArgs {
     /// Context window (default: the model's).
     #[arg(long, env = "OSPREY_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
+    /// Host RAM for the warm KV tier, e.g. `4GiB`: blocks evicted from the pool are kept there,
+    /// compressed, and brought back for requests sharing their prefix (default 0: off).
+    #[arg(long, env = "OSPREY_KV_WARM_MEMORY", value_parser = parse_bytes, default_value = "0")]
+    pub kv_warm_memory: usize,
+    /// Disk for the cold KV tier, e.g. `20GiB`: what the warm tier evicts (or, without one,
+    /// what the pool evicts) is written there (default 0: off).
+    #[arg(long, env = "OSPREY_KV_COLD_DISK", value_parser = parse_bytes, default_value = "0")]
+    pub kv_cold_disk: usize,
+    /// The cold tier's directory (default: $OSPREY_HOME/kv-cold).
+    #[arg(long, env = "OSPREY_KV_COLD_DIR")]
+    pub kv_cold_dir: Option<PathBuf>,
+    /// Redis for the shared KV tier, so workers and replicas reuse each other's prefixes.
+    #[arg(long, env = "OSPREY_KV_REDIS")]
+    pub kv_redis: Option<String>,
+    /// Seconds a block lives in the shared tier.
+    #[arg(long, env = "OSPREY_KV_REDIS_TTL", default_value_t = 3600)]
+    pub kv_redis_ttl: u64,
+    /// Most bytes of blocks this model keeps in the shared tier.
+    #[arg(long, env = "OSPREY_KV_REDIS_MEMORY", value_parser = parse_bytes, default_value = "1GiB")]
+    pub kv_redis_memory: usize,
+    /// How blocks are stored below the pool: `int8` (a scale per layer, side and head; about
+    /// half the bytes) or `f16` (lossless).
+    #[arg(long, env = "OSPREY_KV_CODEC", default_value = "int8", value_parser = ["int8", "f16"])]
+    pub kv_codec: String,
     /// Compute threads (default: one per core).
     #[arg(long, env = "OSPREY_THREADS", default_value_t = 0)]
     pub threads: usize,
@@ -222,6 +258,16 @@ pub struct WorkerArgs {
     pub max_body_bytes: usize,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+/// Parses an expert capacity: a finite multiple of the fair share, at least 1.
+fn parse_capacity(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(v) if v.is_finite() && v >= 1.0 => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a capacity: give a number of at least 1 (e.g. 2.0)"
+        )),
+    }
 }
 
 /// Parses `1GiB`, `512MiB`, `64KiB`, `1.5GB` or a plain byte count.

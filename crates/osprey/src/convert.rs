@@ -8,9 +8,9 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use osprey_models::WeightFormat;
 use osprey_models::checkpoint::layout::Index;
-use osprey_models::convert::Input;
 use osprey_models::convert::quantize::{QuantizeOptions, parse_format, quantize};
 use osprey_models::convert::upcycle::{UpcycleMode, UpcycleOptions, upcycle};
+use osprey_models::convert::{CALIBRATION_TEXT, Input};
 
 /// `osprey quantize`.
 #[derive(Args, Debug)]
@@ -132,6 +132,12 @@ pub fn run_quantize(args: QuantizeArgs) -> anyhow::Result<()> {
     })
 }
 
+/// [`CALIBRATION_TEXT`] in `input`'s own tokens.
+pub fn calibration_tokens(input: &Input) -> anyhow::Result<Vec<u32>> {
+    let prompter = osprey_engine::Prompter::from_gguf(input.tokenizer())?;
+    Ok(prompter.tokenizer().encode(CALIBRATION_TEXT, true))
+}
+
 pub fn run_upcycle(args: UpcycleArgs) -> anyhow::Result<()> {
     let input = open_input(&args.src)?;
     let width = input.config()?.d_model;
@@ -148,6 +154,7 @@ pub fn run_upcycle(args: UpcycleArgs) -> anyhow::Result<()> {
         top_k: args.top_k,
         shards: args.shards,
         expert_format,
+        calibration: calibration_tokens(&input)?,
     };
     with_progress(&args.dst, |on_plan, on_tensor| {
         upcycle(&input, &args.dst, &options, on_plan, on_tensor)

@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use osprey_engine::{Engine, EngineConfig, Prompter, SchedulerConfig, SchedulingPolicy};
+use osprey_engine::{
+    Codec, Engine, EngineConfig, KdaConfig, Prompter, SchedulerConfig, SchedulingPolicy,
+    SharedConfig, TierConfig,
+};
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{AdmissionConfig, DefaultLimits, EdgeConfig, UpstreamConfig};
 use osprey_gateway::edge::Edge;
@@ -190,14 +193,17 @@ pub fn engine_config(args: &EngineArgs) -> EngineConfig {
         scheduler: SchedulerConfig {
             max_num_batched_tokens: args.max_num_batched_tokens,
             max_num_seqs: args.max_num_seqs,
-            policy: match args.scheduling_policy.as_str() {
-                "fcfs" => SchedulingPolicy::Fcfs,
-                _ => SchedulingPolicy::Priority,
-            },
+            policy: SchedulingPolicy::parse(&args.scheduling_policy).unwrap_or_default(),
             starvation_timeout: std::time::Duration::from_secs_f64(
                 args.starvation_timeout.max(0.0),
             ),
             batch_prefill_chunk: args.batch_prefill_chunk,
+            kda: KdaConfig {
+                expert_capacity: args.expert_capacity,
+                max_deferrals: args.max_deferrals,
+                heat_interval: args.heat_interval,
+                ..KdaConfig::default()
+            },
         },
         kv_cache_bytes: args
             .kv_cache_memory
@@ -206,6 +212,20 @@ pub fn engine_config(args: &EngineArgs) -> EngineConfig {
         max_waiting: args.max_waiting,
         threads: args.threads,
         max_model_len: args.max_model_len,
+        tiers: TierConfig {
+            warm_bytes: args.kv_warm_memory,
+            cold: (args.kv_cold_disk > 0).then(|| {
+                let dir = (args.kv_cold_dir.clone())
+                    .unwrap_or_else(|| osprey_models::osprey_home().join("kv-cold"));
+                (dir, args.kv_cold_disk as u64)
+            }),
+            shared: args.kv_redis.clone().map(|url| SharedConfig {
+                url,
+                ttl: std::time::Duration::from_secs(args.kv_redis_ttl),
+                max_bytes: args.kv_redis_memory,
+            }),
+            codec: Codec::parse(&args.kv_codec).unwrap_or_default(),
+        },
     }
 }
 

@@ -207,6 +207,16 @@ pub struct OspreyOptions {
     /// A regular expression or Lark grammar the output must follow.
     #[serde(default)]
     pub grammar: Option<super::tools::GrammarOption>,
+    /// When the first token is due, in milliseconds from arrival: the `kda` scheduler runs
+    /// earlier deadlines first, and promotes a batch request once its deadline has passed.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+/// The first-token deadline a request asks for, if any (at most a day).
+pub fn deadline_of(options: &Option<OspreyOptions>) -> Option<std::time::Duration> {
+    let ms = options.as_ref()?.deadline_ms?;
+    Some(std::time::Duration::from_millis(ms.min(86_400_000)))
 }
 
 /// The priority a request asks for (interactive when it says nothing).

@@ -90,6 +90,19 @@ impl BlockAllocator {
         }
     }
 
+    /// The first `n` free blocks in queue order: the next to be reused.
+    pub fn free_front(&self, n: usize) -> impl Iterator<Item = u32> + '_ {
+        let mut b = self.head;
+        std::iter::from_fn(move || {
+            let here = b;
+            (here != NIL).then(|| {
+                b = self.next[here as usize];
+                here
+            })
+        })
+        .take(n)
+    }
+
     /// Free blocks in queue order (for tests and invariant checks).
     pub fn free_queue(&self) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.num_free);

@@ -32,7 +32,32 @@ pub struct KvCacheManager {
     counters: KvCacheCounters,
     /// Changes to the prefix cache since they were last taken.
     changes: KvChanges,
+    /// Per block, the attention its content has drawn: a decaying sum of sampled attention
+    /// mass (0 for a block holding nothing worth keeping).
+    heat: Vec<f32>,
+    /// Whether evicted cached blocks are kept for lower tiers ([`Self::take_evicted`]).
+    tiering: bool,
+    /// Cached blocks evicted since last taken, whose contents are still in the pool.
+    evicted: Vec<EvictedBlock>,
 }
+
+/// A cached block reused for other content: what lower tiers need to keep it. Its contents
+/// stay in the pool until the next forward pass writes there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvictedBlock {
+    /// The block it occupied.
+    pub block: u32,
+    /// Its chained hash.
+    pub hash: BlockHash,
+    /// Its tokens.
+    pub tokens: [u32; BLOCK_SIZE],
+    /// The attention it had drawn.
+    pub heat: f32,
+}
+
+/// How many blocks at the front of the free queue eviction weighs by heat: the coldest of them
+/// is reused first, so the order is least recently freed, adjusted by attention.
+const EVICTION_WINDOW: usize = 8;
 
 /// Blocks that entered and left the prefix cache: what a router needs to know which prompts a
 /// worker holds.
@@ -63,6 +88,9 @@ impl KvCacheManager {
             prefix_caching,
             counters: KvCacheCounters::default(),
             changes: KvChanges::default(),
+            heat: vec![0.0; blocks],
+            tiering: false,
+            evicted: Vec::new(),
         }))
     }
 
@@ -101,20 +129,83 @@ impl KvCacheManager {
         &self.cache
     }
 
-    /// `n` fresh blocks, all or none, evicting the least recently freed cached prefixes.
+    /// Keeps evicted cached blocks for lower tiers from now on ([`Self::take_evicted`]).
+    pub fn set_tiering(&mut self, on: bool) {
+        self.tiering = on;
+    }
+
+    /// The cached blocks evicted since the last call: their contents must be read out of the
+    /// pool before the next forward pass overwrites them.
+    pub fn take_evicted(&mut self) -> Vec<EvictedBlock> {
+        std::mem::take(&mut self.evicted)
+    }
+
+    /// How many leading blocks of `chain` (hashes with their tokens) the pool holds.
+    pub fn cached_prefix_len(&self, chain: &[(BlockHash, [u32; BLOCK_SIZE])]) -> usize {
+        if !self.prefix_caching {
+            return 0;
+        }
+        (chain.iter())
+            .take_while(|(h, t)| self.cache.get(*h, t).is_some())
+            .count()
+    }
+
+    /// Takes in a block brought up from a lower tier: a free block now caches `hash`
+    /// (`tokens`), evicted last among the free. Returns the block to write its contents into,
+    /// or `None` if it is cached already, caching is off or no block is free.
+    pub fn adopt(&mut self, hash: BlockHash, tokens: &[u32; BLOCK_SIZE]) -> Option<u32> {
+        if !self.prefix_caching || self.cache.get(hash, tokens).is_some() {
+            return None;
+        }
+        let block = self.allocate(1)?[0];
+        self.cache.insert(hash, block, tokens);
+        self.changes.stored.push(hash);
+        self.allocator.release(block, true);
+        Some(block)
+    }
+
+    /// Adds a sample of attention mass to `blocks` (`mass[i]` on `blocks[i]`).
+    pub fn record_heat(&mut self, blocks: &[u32], mass: &[f32]) {
+        for (&b, &m) in blocks.iter().zip(mass) {
+            let h = &mut self.heat[b as usize];
+            *h = h.mul_add(0.5, m);
+        }
+    }
+
+    /// The attention block `block`'s content has drawn (see [`Self::record_heat`]).
+    pub fn block_heat(&self, block: u32) -> f32 {
+        self.heat[block as usize]
+    }
+
+    /// `n` fresh blocks, all or none, evicting the least recently freed cached prefixes, the
+    /// coldest first among the next few.
     fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
         if self.allocator.num_free() < n {
             return None;
         }
         let blocks: Vec<u32> = (0..n)
-            .map(|_| self.allocator.allocate().expect("counted"))
+            .map(|_| {
+                let b = (self.allocator.free_front(EVICTION_WINDOW))
+                    .min_by(|a, b| self.heat[*a as usize].total_cmp(&self.heat[*b as usize]))
+                    .expect("counted");
+                self.allocator.acquire(b);
+                let heat = std::mem::take(&mut self.heat[b as usize]);
+                if let Some((hash, tokens)) = self.cache.remove_block(b) {
+                    self.counters.evicted_blocks += 1;
+                    self.changes.evicted.push(hash);
+                    if self.tiering {
+                        let (block, hash, tokens) = (b, hash, tokens);
+                        self.evicted.push(EvictedBlock {
+                            block,
+                            hash,
+                            tokens,
+                            heat,
+                        });
+                    }
+                }
+                b
+            })
             .collect();
-        for &b in &blocks {
-            if let Some(hash) = self.cache.remove_block(b) {
-                self.counters.evicted_blocks += 1;
-                self.changes.evicted.push(hash);
-            }
-        }
         Some(blocks)
     }
 
@@ -122,6 +213,9 @@ impl KvCacheManager {
         // In reverse, so a sequence's first blocks end up freed last (evicted last).
         for &b in blocks.iter().rev() {
             let cached = self.cache.contains_block(b);
+            if !cached {
+                self.heat[b as usize] = 0.0;
+            }
             self.allocator.release(b, cached);
         }
     }
@@ -347,5 +441,31 @@ mod tests {
         drop(a);
         let mut b = BlockTable::new(m.clone(), "");
         assert_eq!(b.match_prefix(&prompt), 0);
+    }
+
+    #[test]
+    fn eviction_spares_blocks_that_draw_attention() {
+        let m = KvCacheManager::new(4, true);
+        let prompt = tokens(64, 5);
+        let mut a = BlockTable::new(m.clone(), "");
+        assert!(a.reserve(64));
+        a.commit(&prompt, 64);
+        let blocks = a.blocks().to_vec();
+        // Attention went to the last block: without it, that block would go first.
+        m.borrow_mut().record_heat(&blocks, &[0.1, 0.0, 0.0, 0.9]);
+        drop(a);
+        let mut b = BlockTable::new(m.clone(), "");
+        assert!(b.reserve(16));
+        assert_eq!(
+            b.blocks(),
+            &blocks[2..3],
+            "the coldest recently freed block is reused"
+        );
+        assert!(m.borrow().block_heat(blocks[3]) > 0.0);
+        assert_eq!(
+            m.borrow().block_heat(blocks[2]),
+            0.0,
+            "reused blocks start cold"
+        );
     }
 }

@@ -6,5 +6,7 @@ pub mod manager;
 pub mod prefix_cache;
 
 pub use block_allocator::BlockAllocator;
-pub use manager::{BlockTable, KvCacheCounters, KvCacheManager, KvChanges, SharedKvCacheManager};
+pub use manager::{
+    BlockTable, EvictedBlock, KvCacheCounters, KvCacheManager, KvChanges, SharedKvCacheManager,
+};
 pub use prefix_cache::{BlockHash, PrefixCache, prefix_hashes};

@@ -82,11 +82,12 @@ impl PrefixCache {
         true
     }
 
-    /// Forgets whatever `block` held (it is being reused). Returns the hash it held, if any.
-    pub fn remove_block(&mut self, block: u32) -> Option<BlockHash> {
-        let (hash, _) = self.by_block.remove(&block)?;
+    /// Forgets whatever `block` held (it is being reused). Returns the hash and tokens it
+    /// held, if any.
+    pub fn remove_block(&mut self, block: u32) -> Option<(BlockHash, [u32; BLOCK_SIZE])> {
+        let (hash, tokens) = self.by_block.remove(&block)?;
         self.by_hash.remove(&hash);
-        Some(hash)
+        Some((hash, tokens))
     }
 
     /// Whether `block` holds a cached prefix.
@@ -143,7 +144,7 @@ mod tests {
             None,
             "a colliding hash with other tokens is a miss"
         );
-        assert_eq!(c.remove_block(7), Some(h));
+        assert_eq!(c.remove_block(7).map(|e| e.0), Some(h));
         assert_eq!(c.get(h, &t), None);
     }
 }

@@ -4,7 +4,8 @@
 //! `GET /admin/flags` (`?tenant=NAME`), `PUT /admin/flags/{tenant}/{flag}` with `{"value":
 //! ...}` and `DELETE /admin/flags/{tenant}/{flag}`; the prompt registry's routes
 //! (`admin_prompts.rs`); users and the request log (`admin_users.rs`); agent runs, their
-//! approvals and the tool-call audit (`admin_runs.rs`).
+//! approvals and the tool-call audit (`admin_runs.rs`); the engine's scheduling policy
+//! (`admin_engine.rs`).
 
 use axum::Json;
 use axum::Router;
@@ -34,6 +35,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         .merge(super::admin_prompts::routes())
         .merge(super::admin_users::routes())
         .merge(super::admin_runs::routes())
+        .merge(super::admin_engine::routes())
         .route_layer(axum::middleware::from_fn_with_state(state, admin_only))
 }
 

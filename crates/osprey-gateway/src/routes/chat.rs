@@ -35,6 +35,7 @@ pub async fn chat_completions(
     let answer = AnswerShape::of(&req)?;
     let request = GenerateRequest {
         priority,
+        deadline: osprey_core::api::deadline_of(&req.osprey),
         cache_salt: caller.tenant.cache_salt.clone(),
         grammar: answer.grammar.clone(),
         ..GenerateRequest::new(prompt.clone(), params.clone())

@@ -75,6 +75,7 @@ pub async fn completions(
         let request = GenerateRequest {
             prompt_logprobs,
             priority,
+            deadline: osprey_core::api::deadline_of(&req.osprey),
             cache_salt: caller.tenant.cache_salt.clone(),
             grammar: grammar.clone(),
             ..GenerateRequest::new(p.ids.clone(), params.clone())

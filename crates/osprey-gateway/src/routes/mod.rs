@@ -1,6 +1,7 @@
 //! The HTTP surface: OpenAI-compatible routes plus health, readiness and metrics.
 
 mod admin;
+mod admin_engine;
 mod admin_prompts;
 mod admin_users;
 pub use admin_prompts::valid_name as valid_prompt_name;

@@ -2,9 +2,15 @@
 //! ([`upcycle`]). Both read a GGUF file or a checkpoint directory through [`Input`] and write
 //! a sharded checkpoint with [`crate::checkpoint::write`].
 
+mod calibrate;
 mod moefy;
 pub mod quantize;
 pub mod upcycle;
+
+/// Varied text (prose, a recipe, code, figures, a letter, a question) that MoEfication runs
+/// the dense model over to centre its routers: tokenize it with the model's tokenizer for
+/// [`upcycle::UpcycleOptions::calibration`]. Written for this purpose; in no evaluation set.
+pub const CALIBRATION_TEXT: &str = include_str!("calibration.txt");
 
 use std::path::Path;
 

@@ -4,6 +4,12 @@
 //! reads (`Gᵀ G + Uᵀ U`) and writes (`D Dᵀ`). At full latent width the projections are the
 //! identity and the experts partition the MLP exactly: with every expert selected the layer
 //! computes the dense MLP.
+//!
+//! A centroid router alone sends nearly every token to the same few experts: a layer's inputs
+//! share a large common direction, and the centroid most aligned with it wins whatever the
+//! token. Given the mean input `μ` on calibration text, the router gets the bias
+//! `b_e = -r_e · (W_down μ)`, so it scores the token's departure from the typical input
+//! (`r_e · (z - W_down μ)`) and the choice depends on the token.
 
 use nalgebra::{DMatrix, SymmetricEigen};
 
@@ -33,11 +39,14 @@ pub struct Moefied {
     pub up: Vec<f32>,
     /// `[experts, latent]`.
     pub router: Vec<f32>,
+    /// `[experts]`: centres the scores on the calibration inputs (zeros without them).
+    pub router_bias: Vec<f32>,
     pub experts: Vec<Expert>,
 }
 
-/// MoEfies `mlp` into `experts` experts working in a latent space of width `latent`.
-pub fn moefy(mlp: &DenseMlp, experts: usize, latent: usize) -> Moefied {
+/// MoEfies `mlp` into `experts` experts working in a latent space of width `latent`;
+/// `input_mean`, the MLP's mean input on calibration text, centres the router.
+pub fn moefy(mlp: &DenseMlp, experts: usize, latent: usize, input_mean: Option<&[f32]>) -> Moefied {
     let (d, f) = (mlp.width, mlp.hidden);
     let clusters = balanced_kmeans(mlp.gate, d, experts, 12);
     let (p_in, p_out) = if latent == d {
@@ -91,7 +100,7 @@ pub fn moefy(mlp: &DenseMlp, experts: usize, latent: usize) -> Moefied {
             }
         })
         .collect();
-    let router = clusters
+    let router: Vec<f32> = clusters
         .iter()
         .flat_map(|members| {
             let mut c = vec![0f32; d];
@@ -103,10 +112,20 @@ pub fn moefy(mlp: &DenseMlp, experts: usize, latent: usize) -> Moefied {
             project(&p_in, &c)
         })
         .collect();
+    let router_bias = match input_mean {
+        Some(mu) => {
+            let z_mu = project(&p_in, mu);
+            (router.chunks_exact(latent))
+                .map(|r| -r.iter().zip(&z_mu).map(|(a, b)| a * b).sum::<f32>())
+                .collect()
+        }
+        None => vec![0.0; experts],
+    };
     Moefied {
         down: p_in,
         up: transpose(&p_out, latent, d),
         router,
+        router_bias,
         experts: experts_out,
     }
 }

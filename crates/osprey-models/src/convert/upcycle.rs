@@ -7,7 +7,8 @@
 //!   logits: the test of the k3 forward pass on real weights.
 //! - [`UpcycleMode::Moefy`]: the MLP's neurons are split into experts ([`super::moefy`]) with a
 //!   centroid router and `Select` gating: a real sparse model, exact at `top_k = experts` and
-//!   full latent width.
+//!   full latent width. Given calibration tokens, each router gets a bias (`router.bias`) that
+//!   spreads the calibration tokens evenly over its experts ([`super::calibrate`]).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,6 +17,7 @@ use std::sync::Mutex;
 use candle_core::quantized::GgmlDType;
 use rayon::prelude::*;
 
+use super::calibrate;
 use super::moefy::{DenseMlp, moefy};
 use super::{Input, dequantize, values_for};
 use crate::checkpoint::layout::{CheckpointConfig, Index};
@@ -48,6 +50,8 @@ pub struct UpcycleOptions {
     pub shards: usize,
     /// Format of MoEfied experts (identity experts keep the dense MLP's format).
     pub expert_format: WeightFormat,
+    /// Token ids of calibration text for MoEfication's router bias (none: no bias).
+    pub calibration: Vec<u32>,
 }
 
 /// Where a planned tensor's values come from.
@@ -157,6 +161,14 @@ pub fn upcycle(
             vec![o.experts, latent],
             router,
         );
+        if computed && !o.calibration.is_empty() {
+            add(
+                m("router.bias"),
+                f32_format,
+                vec![o.experts],
+                Origin::Computed,
+            );
+        }
         for e in 0..o.experts {
             for (part, dense, dims) in [
                 ("gate", "ffn_gate", vec![expert_dim, latent]),
@@ -179,7 +191,18 @@ pub fn upcycle(
     let src = input.source();
     let table = Mutex::new(match o.mode {
         UpcycleMode::Identity => HashMap::new(),
-        UpcycleMode::Moefy { latent_dim } => moefy_all(input, o.experts, latent_dim)?,
+        UpcycleMode::Moefy { latent_dim } => {
+            let means = calibrate::mlp_input_means(input, &o.calibration)?;
+            let mut table = moefy_all(input, o.experts, latent_dim, &means)?;
+            if !o.calibration.is_empty() {
+                let dims = (plan.iter())
+                    .filter(|t| table.contains_key(&t.name))
+                    .map(|t| (t.name.clone(), t.dims.clone()))
+                    .collect();
+                calibrate::balance_routers(input, &k3, &mut table, &dims, &o.calibration)?;
+            }
+            table
+        }
     });
     let produce = |t: &PlannedTensor| -> Result<TensorValues> {
         match &origin[&t.name] {
@@ -224,8 +247,14 @@ pub fn upcycle(
     )
 }
 
-/// MoEfies every layer (in parallel), keyed by output tensor name.
-fn moefy_all(input: &Input, experts: usize, latent: usize) -> Result<HashMap<String, Vec<f32>>> {
+/// MoEfies every layer (in parallel), keyed by output tensor name; `means` (per layer, may be
+/// empty) centre the routers.
+fn moefy_all(
+    input: &Input,
+    experts: usize,
+    latent: usize,
+    means: &[Vec<f32>],
+) -> Result<HashMap<String, Vec<f32>>> {
     let c = input.config()?;
     let src = input.source();
     let layers = (0..c.n_layers)
@@ -240,13 +269,17 @@ fn moefy_all(input: &Input, experts: usize, latent: usize) -> Result<HashMap<Str
                 width: c.d_model,
                 hidden: c.ffn_dim,
             };
-            let moe = moefy(&dense, experts, latent);
+            let mean = means.get(l).map(Vec::as_slice);
+            let moe = moefy(&dense, experts, latent, mean);
             let m = |s: &str| format!("blk.{l}.moe.{s}");
             let mut out = vec![
                 (m("down.weight"), moe.down),
                 (m("up.weight"), moe.up),
                 (m("router.weight"), moe.router),
             ];
+            if mean.is_some() {
+                out.push((m("router.bias"), moe.router_bias));
+            }
             for (e, x) in moe.experts.into_iter().enumerate() {
                 out.push((m(&format!("exp.{e}.gate.weight")), x.gate));
                 out.push((m(&format!("exp.{e}.up.weight")), x.up));

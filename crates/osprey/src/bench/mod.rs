@@ -13,9 +13,12 @@
 //! - `osprey bench structured`: constrained decoding's cost per token (same run, free vs under
 //!   a schema), each mask's cost, and the schema validity rate over varied schemas.
 //! - `osprey bench sandbox`: the wasm sandbox's set-up, compile and call latency.
+//! - `osprey bench k3`: MXFP4 and MoEfication quality and speed, KDA against FCFS.
+//! - `osprey bench kv`: the KV tiers: codec quality, TTFT per tier (D), the memory wall (E).
 
 mod guards;
 mod k3;
+mod kv;
 mod model;
 mod rag;
 mod sandbox;
@@ -41,6 +44,8 @@ pub enum BenchCommand {
     Sandbox(sandbox::SandboxBenchArgs),
     /// K3 features: MXFP4 vs Q4_1 vs F16, MoEfication sweeps, KDA vs FCFS scheduling.
     K3(Box<k3::K3BenchArgs>),
+    /// KV tiers: codec quality, workload D (TTFT per tier), workload E (the memory wall).
+    Kv(Box<kv::KvBenchArgs>),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -52,5 +57,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Structured(args) => structured::run(args),
         BenchCommand::Sandbox(args) => sandbox::run(args),
         BenchCommand::K3(args) => k3::run(*args),
+        BenchCommand::Kv(args) => kv::run(*args),
     }
 }

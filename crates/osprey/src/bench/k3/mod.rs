@@ -65,7 +65,7 @@ pub struct K3BenchArgs {
 }
 
 /// Held-out text for perplexity: written for this benchmark, in no dev data.
-const HELD_OUT: &str = "The lighthouse keeper kept two logbooks. In the first he wrote the weather \
+pub(super) const HELD_OUT: &str = "The lighthouse keeper kept two logbooks. In the first he wrote the weather \
 every four hours: wind direction, the height of the swell, whether the fog horn had been needed \
 and for how long. In the second, which he never showed the inspectors, he wrote down the ships \
 he could name from their lights alone, the birds that struck the lantern glass in autumn, and \
@@ -101,7 +101,7 @@ pub fn run(args: K3BenchArgs) -> anyhow::Result<()> {
         anyhow::Ok(())
     })?;
     if matches!(args.part, Part::Kda | Part::All) {
-        kda::run(&args, &moefied(&dir, &gguf, args.experts, 576)?)?;
+        kda::run(&args, &dir, &moefied(&dir, &gguf, args.experts, 576)?)?;
     }
     Ok(())
 }
@@ -112,7 +112,7 @@ struct Texts {
 }
 
 /// The golden perplexity text's ids (shared/data, located like the test kit does).
-fn golden_ppl_ids() -> anyhow::Result<Vec<u32>> {
+pub(super) fn golden_ppl_ids() -> anyhow::Result<Vec<u32>> {
     let path = std::env::var_os("OSPREY_GOLDEN")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -171,14 +171,16 @@ fn quantized(
 /// written; the sweeps override it).
 fn moefied(dir: &Path, gguf: &Path, experts: usize, latent: usize) -> anyhow::Result<PathBuf> {
     cached(dir, &format!("moefy-e{experts}-l{latent}"), |out| {
+        let input = Input::open(gguf)?;
         let options = UpcycleOptions {
             mode: UpcycleMode::Moefy { latent_dim: latent },
             experts,
             top_k: 2,
             shards: 96,
             expert_format: parse_format("f16")?,
+            calibration: crate::convert::calibration_tokens(&input)?,
         };
-        upcycle(&Input::open(gguf)?, out, &options, &|_| {}, &|_| {})?;
+        upcycle(&input, out, &options, &|_| {}, &|_| {})?;
         Ok(())
     })
 }

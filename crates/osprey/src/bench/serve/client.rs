@@ -181,18 +181,3 @@ pub async fn first_model(client: &reqwest::Client, url: &str) -> anyhow::Result<
         .map(str::to_owned)
         .ok_or_else(|| anyhow::anyhow!("{url}/v1/models lists no model"))
 }
-
-/// A counter from a Prometheus `/metrics` page, if the server has it.
-pub async fn prometheus_counter(client: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
-    let text = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}

@@ -9,8 +9,9 @@
 
 mod chart;
 mod client;
+mod engine_stats;
 mod report;
-mod workload;
+pub(crate) mod workload;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -62,6 +63,10 @@ pub struct ServeBenchArgs {
     /// F: seconds each run measures; every client goes round its requests until then.
     #[arg(long, default_value_t = 60.0)]
     pub duration: f64,
+    /// F: the share of requests (0–1) written on one narrow topic, whose tokens favour the
+    /// same experts of an MoE model (the skewed-topic mix of KDA's benchmark).
+    #[arg(long, default_value_t = 0.0)]
+    pub hot_topic: f64,
     /// Repetitions; medians are reported.
     #[arg(long, short = 'r', default_value_t = 3)]
     pub runs: usize,
@@ -90,6 +95,15 @@ pub struct ServeBenchArgs {
     /// print them and draw `--chart`.
     #[arg(long, value_delimiter = ',')]
     pub from_json: Vec<PathBuf>,
+}
+
+impl ServeBenchArgs {
+    /// Every option at its default, as `osprey bench serve` alone would take them.
+    pub fn defaults() -> Self {
+        use clap::{Args, FromArgMatches};
+        let command = Self::augment_args(clap::Command::new("serve"));
+        Self::from_arg_matches(&command.get_matches_from(["serve"])).expect("the defaults parse")
+    }
 }
 
 struct Target {
@@ -129,7 +143,12 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
             .ok()
             .filter(|d| !d.is_zero())
             .context("--duration must be a positive number of seconds")?,
+        hot_topic: args.hot_topic,
     };
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.hot_topic),
+        "--hot-topic is a share, between 0 and 1"
+    );
     // Fresh text each run (seed + run), so no server is served from its cache a repeat of an
     // earlier run's prompts; the shape is the same every run. Servers that share backends get
     // fresh text each (run × server) too.
@@ -308,7 +327,7 @@ async fn run_level(
     for spec in &level.warmup {
         client::send(http, &target.url, &target.model, spec, &quiet).await;
     }
-    let counters = prefix_counters(http, &target.url).await;
+    let before = engine_stats::Scrape::of(http, &target.url).await;
     let tally = Arc::new(Tally::default());
     let finished = Arc::new(std::sync::Mutex::new(Vec::<Outcome>::new()));
     let start = Instant::now();
@@ -378,19 +397,13 @@ async fn run_level(
         // Give the server a moment to notice the disconnects before the next level.
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    if let (Some(before), Some(after)) = (counters, prefix_counters(http, &target.url).await) {
-        let queried = after.0 - before.0;
-        run.prefix_hit_rate = (queried > 0.0).then(|| (after.1 - before.1) / queried);
+    if let (Some(before), Some(after)) = (before, engine_stats::Scrape::of(http, &target.url).await)
+    {
+        let engine = engine_stats::EngineRun::between(&before, &after);
+        run.prefix_hit_rate = engine.prefix_hit_rate;
+        run.engine = Some(engine).filter(|e| e.steps > 0.0);
     }
     run
-}
-
-/// Osprey's prefix-cache counters (queried, hit tokens), if the server exports them.
-async fn prefix_counters(http: &reqwest::Client, url: &str) -> Option<(f64, f64)> {
-    let q = client::prometheus_counter(http, url, "osprey_prefix_cache_queried_tokens_total");
-    let h = client::prometheus_counter(http, url, "osprey_prefix_cache_hit_tokens_total");
-    let (q, h) = tokio::join!(q, h);
-    Some((q?, h.unwrap_or(0.0)))
 }
 
 /// Peak resident memory of a process in MiB (`VmHWM` of `/proc/PID/status`).

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::client::{Outcome, Tally};
+use super::engine_stats::EngineRun;
 use super::workload::Class;
 
 /// Figures of one group of requests (a class, or all) in one level of one run. Latencies are
@@ -106,6 +107,9 @@ pub struct LevelRun {
     /// Prompt tokens served from the prefix cache, as a share of those looked up (servers
     /// that export Osprey's counters only).
     pub prefix_hit_rate: Option<f64>,
+    /// What an Osprey server's engine did in the run (from its `/metrics`).
+    #[serde(default)]
+    pub engine: Option<EngineRun>,
     /// First error messages, for the record.
     pub sample_errors: Vec<String>,
 }
@@ -133,6 +137,7 @@ impl LevelRun {
             wall_s,
             groups,
             prefix_hit_rate: None,
+            engine: None,
             sample_errors: outcomes
                 .iter()
                 .filter_map(|o| o.error.clone())
@@ -149,6 +154,9 @@ pub struct ServerLevel {
     pub runs: Vec<LevelRun>,
     pub median: BTreeMap<String, Figures>,
     pub median_prefix_hit_rate: Option<f64>,
+    /// Medians of the engine's figures across runs.
+    #[serde(default)]
+    pub median_engine: Option<EngineRun>,
 }
 
 impl ServerLevel {
@@ -172,9 +180,11 @@ impl ServerLevel {
             }
         }
         let rates: Vec<f64> = runs.iter().filter_map(|r| r.prefix_hit_rate).collect();
+        let engines: Vec<EngineRun> = runs.iter().filter_map(|r| r.engine).collect();
         Self {
             server: server.to_owned(),
             median_prefix_hit_rate: (!rates.is_empty()).then(|| median_value(rates)),
+            median_engine: (!engines.is_empty()).then(|| EngineRun::median_of(&engines)),
             runs,
             median,
         }
@@ -293,6 +303,7 @@ pub fn table(report: &Report) -> String {
             }
         }
     }
+    out += &engine_table(report);
     for s in &report.servers {
         if let Some(rss) = s.peak_rss_mib {
             out += &format!("peak RSS of {}: {rss:.0} MiB\n", s.label);
@@ -300,6 +311,54 @@ pub fn table(report: &Report) -> String {
     }
     out += "all tok/s counts prompt and output tokens; ratios (÷ rows): how many times better \
             the first server is (tokens/s: higher; latencies: lower), so above 1 favours it\n";
+    out
+}
+
+/// The engine's figures, for servers of MoE models (expert load, deferrals, planning time).
+fn engine_table(report: &Report) -> String {
+    let rows: Vec<(&str, &str, EngineRun)> = (report.levels.iter())
+        .flat_map(|l| {
+            (l.servers.iter())
+                .filter_map(|s| Some((l.name.as_str(), s.server.as_str(), s.median_engine?)))
+        })
+        .filter(|(_, _, e)| e.moe_steps > 0.0)
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let opt = |v: Option<f64>, scale: f64, digits: usize| {
+        v.map_or("-".into(), |v| format!("{:.digits$}", v * scale))
+    };
+    let mut out = format!(
+        "\n{:<14} {:<14} {:>8} {:>9} {:>9} {:>9} {:>8} {:>10} {:>9} {:>7}\n",
+        "level",
+        "server",
+        "steps",
+        "imbal",
+        "imbal p99",
+        "experts",
+        "defer",
+        "plan µs",
+        "step ms",
+        "preempt"
+    );
+    for (level, server, e) in rows {
+        out += &format!(
+            "{:<14} {:<14} {:>8.0} {:>9} {:>9} {:>9} {:>8.0} {:>10} {:>9} {:>7.0}\n",
+            level,
+            server,
+            e.steps,
+            opt(e.imbalance_mean, 1.0, 3),
+            opt(e.imbalance_p99, 1.0, 2),
+            opt(e.experts_active_mean, 1.0, 2),
+            e.deferrals,
+            opt(e.plan_s, 1e6, 1),
+            opt(e.step_s, 1e3, 2),
+            e.preemptions,
+        );
+    }
+    out += "imbal: busiest expert's tokens ÷ the mean expert's, per MoE layer and step (1 = \
+            balanced; p99 is a bucket bound); experts: experts run per MoE layer per step\n";
     out
 }
 

@@ -117,6 +117,10 @@ pub struct Shape {
     pub batch_clients: usize,
     /// F: the measurement window.
     pub window: Duration,
+    /// F: when above 0, requests are written in four kinds of text ([`Topic`]), whose tokens
+    /// favour different experts of an MoE model: this share in the hot one (code), the rest
+    /// spread evenly over the others. At 0 every request is prose.
+    pub hot_topic: f64,
 }
 
 /// Makes prompt text of an exact token length from the model's own vocabulary.
@@ -124,6 +128,33 @@ pub struct PromptMaker<'a> {
     tokenizer: &'a Tokenizer,
     words: Vec<String>,
     rng: ChaCha8Rng,
+}
+
+/// A kind of text: sentences of words, or text whose tokens are of another sort.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topic {
+    /// Sentences of random words.
+    Prose,
+    /// Code: assignments and calls of made-up identifiers.
+    Code,
+    /// Figures: numbers, separators, units.
+    Numbers,
+    /// Markup lists: `- key: value` lines.
+    Lists,
+}
+
+impl Topic {
+    /// Every topic, the hot one of workload F first.
+    pub const ALL: [Topic; 4] = [Topic::Code, Topic::Prose, Topic::Numbers, Topic::Lists];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prose => "prose",
+            Self::Code => "code",
+            Self::Numbers => "numbers",
+            Self::Lists => "lists",
+        }
+    }
 }
 
 impl<'a> PromptMaker<'a> {
@@ -149,26 +180,17 @@ impl<'a> PromptMaker<'a> {
 
     /// Text of at most `n` tokens, and its exact length in tokens.
     pub fn prompt(&mut self, n: usize) -> (String, usize) {
+        self.prompt_on(n, Topic::Prose)
+    }
+
+    /// Text of `topic` of at most `n` tokens, and its exact length in tokens.
+    pub fn prompt_on(&mut self, n: usize, topic: Topic) -> (String, usize) {
         let mut text = String::new();
-        let mut sentence = 0;
-        let mut words = 0;
-        // Counting tokens is the slow part: count every 8 words, then trim.
-        while words % 8 != 0 || self.tokenizer.encode(&text, false).len() < n {
-            words += 1;
-            let word = &self.words[self.rng.random_range(0..self.words.len())];
-            if sentence == 0 {
-                let mut c = word.chars();
-                let first = c.next().map(|f| f.to_ascii_uppercase()).into_iter();
-                text.extend(first.chain(c));
-            } else {
-                text.push(' ');
-                text.push_str(word);
-            }
-            sentence += 1;
-            if sentence >= self.rng.random_range(6..14) {
-                text.push_str(". ");
-                sentence = 0;
-            }
+        let mut pieces = 0;
+        // Counting tokens is the slow part: count every 8 pieces, then trim.
+        while pieces % 8 != 0 || self.tokenizer.encode(&text, false).len() < n {
+            pieces += 1;
+            self.piece(topic, &mut text);
         }
         // Trim whole words back to at most n tokens.
         loop {
@@ -181,6 +203,46 @@ impl<'a> PromptMaker<'a> {
         }
     }
 
+    /// Appends one piece (a word, a line, a figure) of `topic` to `text`.
+    fn piece(&mut self, topic: Topic, text: &mut String) {
+        use std::fmt::Write;
+        let word = |m: &mut Self| m.words[m.rng.random_range(0..m.words.len())].clone();
+        match topic {
+            Topic::Prose => {
+                let w = word(self);
+                if text.is_empty() || text.ends_with(". ") {
+                    let mut c = w.chars();
+                    let first = c.next().map(|f| f.to_ascii_uppercase()).into_iter();
+                    text.extend(first.chain(c));
+                } else {
+                    text.push(' ');
+                    text.push_str(&w);
+                }
+                if self.rng.random_range(0..10) == 0 {
+                    text.push_str(". ");
+                }
+            }
+            Topic::Code => {
+                let (a, b, c) = (word(self), word(self), word(self));
+                let n = self.rng.random_range(0..64);
+                let _ = match self.rng.random_range(0..3) {
+                    0 => writeln!(text, "let {a}_{b} = {c}({n}, &{a});"),
+                    1 => writeln!(text, "if {a}.{b}() > {n} {{ {c}.push({a}[{n}]); }}"),
+                    _ => writeln!(text, "fn {a}({b}: u32) -> {c} {{ {b} * {n} }}"),
+                };
+            }
+            Topic::Numbers => {
+                let x: u32 = self.rng.random_range(0..100_000);
+                let sep = [", ", "; ", " + ", " = ", "\n"][self.rng.random_range(0..5)];
+                let _ = write!(text, "{}.{:02}{sep}", x / 100, x % 100);
+            }
+            Topic::Lists => {
+                let (k, v) = (word(self), word(self));
+                let _ = writeln!(text, "- {k}: {v}");
+            }
+        }
+    }
+
     /// A request of `class` with a user message of about `n` tokens, after `system`.
     fn request(
         &mut self,
@@ -189,7 +251,19 @@ impl<'a> PromptMaker<'a> {
         n: usize,
         max_tokens: usize,
     ) -> RequestSpec {
-        let (text, len) = self.prompt(n);
+        self.request_on(class, system, n, max_tokens, Topic::Prose)
+    }
+
+    /// [`Self::request`], in text of `topic`.
+    fn request_on(
+        &mut self,
+        class: Class,
+        system: Option<&str>,
+        n: usize,
+        max_tokens: usize,
+        topic: Topic,
+    ) -> RequestSpec {
+        let (text, len) = self.prompt_on(n, topic);
         let messages = match system {
             Some(system) => {
                 json!([{"role": "system", "content": system}, {"role": "user", "content": text}])
@@ -207,6 +281,18 @@ impl<'a> PromptMaker<'a> {
     /// A length drawn uniformly from `range`.
     pub fn len(&mut self, range: std::ops::RangeInclusive<usize>) -> usize {
         self.rng.random_range(range)
+    }
+
+    /// Workload F's topic for the next request: prose when `hot` is 0, else the hot topic with
+    /// probability `hot` and any other evenly.
+    fn topic(&mut self, hot: f64) -> Topic {
+        if hot <= 0.0 {
+            Topic::Prose
+        } else if self.rng.random_bool(hot.min(1.0)) {
+            Topic::ALL[0]
+        } else {
+            Topic::ALL[self.rng.random_range(1..Topic::ALL.len())]
+        }
     }
 }
 
@@ -294,7 +380,8 @@ pub fn levels(id: WorkloadId, shape: &Shape, tokenizer: &Tokenizer) -> Vec<Level
                 let requests = (0..per_client)
                     .map(|_| {
                         let n = p.len(80..=120);
-                        p.request(Class::Interactive, None, n, 32)
+                        let topic = p.topic(shape.hot_topic);
+                        p.request_on(Class::Interactive, None, n, 32, topic)
                     })
                     .collect();
                 clients.push(ClientPlan { requests });
@@ -303,14 +390,20 @@ pub fn levels(id: WorkloadId, shape: &Shape, tokenizer: &Tokenizer) -> Vec<Level
                 let requests = (0..3)
                     .map(|_| {
                         let n = p.len(600..=900);
-                        p.request(Class::Batch, None, n, 128)
+                        let topic = p.topic(shape.hot_topic);
+                        p.request_on(Class::Batch, None, n, 128, topic)
                     })
                     .collect();
                 clients.push(ClientPlan { requests });
             }
             let (i, b) = (shape.interactive_clients, shape.batch_clients);
+            let name = if shape.hot_topic > 0.0 {
+                format!("F {i}i+{b}b hot={}", shape.hot_topic)
+            } else {
+                format!("F {i}i+{b}b")
+            };
             vec![Level {
-                name: format!("F {i}i+{b}b"),
+                name,
                 concurrency: i + b,
                 clients,
                 warmup: vec![p.request(Class::Interactive, None, 32, 8)],
@@ -355,6 +448,7 @@ mod tests {
             interactive_clients: 0,
             batch_clients: 0,
             window: Duration::from_secs(1),
+            hot_topic: 0.0,
         };
         let levels = levels(WorkloadId::B, &shape, &t);
         let requests: Vec<&RequestSpec> =
@@ -373,5 +467,23 @@ mod tests {
             "a repeat starts differently"
         );
         assert_eq!(again.messages[1], requests[0].messages[1]);
+    }
+
+    #[test]
+    fn every_topic_makes_prompts_of_the_asked_length() {
+        let t = tokenizer();
+        let mut m = PromptMaker::new(&t, 5);
+        for topic in Topic::ALL {
+            let (text, len) = m.prompt_on(120, topic);
+            assert_eq!(t.encode(&text, false).len(), len);
+            assert!((110..=120).contains(&len), "{topic:?}: {len} tokens");
+        }
+        let code = m.prompt_on(60, Topic::Code).0;
+        assert!(code.contains('(') && code.contains(';'), "{code}");
+        let figures = m.prompt_on(60, Topic::Numbers).0;
+        assert!(
+            figures.chars().filter(char::is_ascii_digit).count() > 40,
+            "{figures}"
+        );
     }
 }

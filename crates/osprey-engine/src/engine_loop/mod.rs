@@ -1,9 +1,11 @@
 //! The engine thread: one step after another — schedule, one forward pass, sample, report.
 
+mod tiering;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use osprey_core::metrics as names;
 use osprey_core::{Error, FinishReason};
@@ -11,18 +13,23 @@ use osprey_models::{BatchSeq, ForwardBatch, ForwardScratch, KvCache, LogitsWante
 use rayon::prelude::*;
 
 use crate::engine::EngineStats;
+use crate::kda::{ExpertLayout, RoutedLoad};
 use crate::kv::{BlockTable, KvCacheCounters, KvCacheManager, SharedKvCacheManager};
 use crate::kv_events::KvEventLog;
 use crate::request::{EventSender, SeqEvent, ValidRequest};
 use crate::sampler::{Sampled, Sampler, TokenLogprob, log_sum_exp, top_n};
-use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulingPolicy};
 use crate::sequence::Sequence;
 use crate::structured::{Constraint, SimpleVob};
+use crate::tiers::KvTiers;
+use tiering::Tiering;
 
 /// Messages from request handlers to the engine thread.
 pub enum Command {
     /// A new sequence and where its events go.
     Add(Box<ValidRequest>, EventSender),
+    /// Switch the scheduling policy from the next step on.
+    SetPolicy(SchedulingPolicy),
 }
 
 /// What the engine thread is built from.
@@ -36,6 +43,8 @@ pub struct LoopSetup {
     pub max_model_len: usize,
     pub stats: Arc<EngineStats>,
     pub kv_events: Arc<KvEventLog>,
+    /// The KV tiers below the pool, when any runs.
+    pub tiers: Option<KvTiers>,
 }
 
 /// State owned by the engine thread.
@@ -51,16 +60,37 @@ pub struct EngineLoop {
     next_id: u64,
     stats: Arc<EngineStats>,
     kv_events: Arc<KvEventLog>,
+    /// The model's MoE layers, whose routing is measured every step.
+    experts: Option<ExpertLayout>,
+    /// Steps run, which paces attention-heat samples.
+    steps: u64,
+    /// The KV tiers below the pool, when any runs.
+    tiering: Option<Tiering>,
     /// Counters already exported to metrics (they are exported as deltas).
-    exported: (KvCacheCounters, u64),
+    exported: Exported,
+}
+
+/// Counters as last exported to metrics.
+#[derive(Default)]
+struct Exported {
+    kv: KvCacheCounters,
+    preemptions: u64,
+    deferrals: u64,
 }
 
 impl EngineLoop {
     /// Builds the loop's state (on the engine thread: the KV bookkeeping is not `Send`).
     pub fn new(s: LoopSetup) -> Self {
         let kv_manager = KvCacheManager::new(s.kv.num_blocks(), s.prefix_caching);
+        kv_manager.borrow_mut().set_tiering(s.tiers.is_some());
+        let experts = ExpertLayout::from_layers(&s.model.moe_layout());
+        let mut scheduler = Scheduler::new(s.scheduler, kv_manager.clone());
+        scheduler.set_expert_layout(experts.clone());
         Self {
-            scheduler: Scheduler::new(s.scheduler, kv_manager.clone()),
+            scheduler,
+            experts,
+            steps: 0,
+            tiering: s.tiers.map(Tiering::new),
             kv_manager,
             model: s.model,
             kv: s.kv,
@@ -78,15 +108,26 @@ impl EngineLoop {
     /// Runs until every [`Engine`](crate::Engine) handle is dropped.
     pub fn run(mut self, commands: mpsc::Receiver<Command>) {
         loop {
+            let fetching = self.tiering.as_ref().is_some_and(Tiering::waiting);
             if !self.scheduler.has_work() {
-                match commands.recv() {
-                    Ok(cmd) => self.accept(cmd),
-                    Err(_) => return,
+                if fetching {
+                    // Nothing to step: wait on requests and on the fetch alike.
+                    match commands.recv_timeout(Duration::from_millis(1)) {
+                        Ok(cmd) => self.accept(cmd),
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                } else {
+                    match commands.recv() {
+                        Ok(cmd) => self.accept(cmd),
+                        Err(_) => return,
+                    }
                 }
             }
             while let Ok(cmd) = commands.try_recv() {
                 self.accept(cmd);
             }
+            self.collect_fetched();
             self.scheduler.remove_cancelled();
             // A panic here is a bug; fail the step's sequences rather than the whole server.
             let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step()));
@@ -102,7 +143,16 @@ impl EngineLoop {
         }
     }
 
-    fn accept(&mut self, Command::Add(valid, events): Command) {
+    fn accept(&mut self, command: Command) {
+        let (valid, events) = match command {
+            Command::Add(valid, events) => (valid, events),
+            Command::SetPolicy(policy) => {
+                tracing::info!(policy = policy.as_str(), "scheduling policy switched");
+                self.scheduler.set_policy(policy);
+                self.stats.set_policy(policy);
+                return;
+            }
+        };
         self.stats.queued.fetch_sub(1, Ordering::Relaxed);
         let ValidRequest {
             request: req,
@@ -116,7 +166,7 @@ impl EngineLoop {
         let mut enders = end_tokens.clone();
         enders.extend(&req.params.stop_token_ids);
         self.next_id += 1;
-        self.scheduler.add(Sequence {
+        let seq = Sequence {
             id: self.next_id,
             prompt_len: req.prompt.len(),
             sampler: Sampler::new(req.params, req.seed, &req.prompt, enders),
@@ -131,13 +181,38 @@ impl EngineLoop {
             end_tokens,
             events,
             arrival: Instant::now(),
+            deadline: req.deadline,
+            experts: Default::default(),
+            heat: Default::default(),
+            deferrals: 0,
             finish: None,
-        });
+        };
+        let seq = match &mut self.tiering {
+            Some(t) => t.park(seq, &req.cache_salt, &self.kv_manager.borrow()),
+            None => Some(seq),
+        };
+        if let Some(seq) = seq {
+            self.scheduler.add(seq);
+        }
+    }
+
+    /// Schedules the sequences whose prefix blocks came up from the tiers.
+    fn collect_fetched(&mut self) {
+        let Some(t) = &mut self.tiering else { return };
+        let mut manager = self.kv_manager.borrow_mut();
+        for seq in t.collect(&mut manager, &mut self.kv, Duration::ZERO) {
+            self.scheduler.add(seq);
+        }
     }
 
     fn step(&mut self) {
         let start = Instant::now();
         let plan = self.scheduler.schedule();
+        metrics::histogram!(names::SCHEDULE_DURATION).record(start.elapsed().as_secs_f64());
+        if let Some(t) = &self.tiering {
+            // Before the forward pass overwrites the blocks the plan evicted.
+            t.demote(&mut self.kv_manager.borrow_mut(), &self.kv);
+        }
         for (seq, reason) in plan.ended {
             seq.send(SeqEvent::Finished(reason));
         }
@@ -180,6 +255,12 @@ impl EngineLoop {
                 logits,
             });
         }
+        let heat_interval = self.scheduler.config().kda.heat_interval as u64;
+        let sample_heat = self.scheduler.policy() == SchedulingPolicy::Kda
+            && heat_interval > 0
+            && self.steps.is_multiple_of(heat_interval);
+        self.steps += 1;
+        self.scratch.set_sample_heat(sample_heat);
         let (model, kv, scratch) = (&self.model, &mut self.kv, &mut self.scratch);
         let batch = ForwardBatch {
             tokens: &tokens,
@@ -303,6 +384,7 @@ impl EngineLoop {
             }
             seq.constraint = constraint.or(seq.constraint.take());
         }
+        self.gather_signals(&plan.scheduled);
         for seq in self.scheduler.take_running(|s| s.finish.is_some()) {
             seq.send(SeqEvent::Finished(seq.finish.unwrap_or(FinishReason::Stop)));
         }
@@ -310,16 +392,60 @@ impl EngineLoop {
         metrics::histogram!(names::STEP_DURATION).record(start.elapsed().as_secs_f64());
     }
 
+    /// Reads what the step's forward pass routed and attended to: the step's expert load for
+    /// metrics, each sequence's expert forecast, and on sampled steps its attention heat, which
+    /// the KV manager keeps per block.
+    fn gather_signals(&mut self, scheduled: &[ScheduledSeq]) {
+        let running = self.scheduler.running_mut();
+        if let Some(layout) = &self.experts {
+            let (mut all, mut rows) = (Vec::new(), 0);
+            for s in scheduled {
+                let start = all.len();
+                self.scratch.routed_slots(rows..rows + s.n_tokens, &mut all);
+                running[s.index]
+                    .experts
+                    .observe(layout, &all[start..], s.n_tokens);
+                rows += s.n_tokens;
+            }
+            if let Some(load) = RoutedLoad::measure(layout, &all) {
+                metrics::histogram!(names::EXPERT_LOAD_IMBALANCE).record(load.imbalance as f64);
+                metrics::histogram!(names::EXPERTS_ACTIVE).record(load.active_experts as f64);
+                self.stats.record_routing(&load);
+            }
+        }
+        let heat = self.scratch.heat();
+        if heat.len() == scheduled.len() {
+            let mut kv = self.kv_manager.borrow_mut();
+            for (s, mass) in scheduled.iter().zip(heat) {
+                let seq = &mut running[s.index];
+                seq.heat.observe(mass);
+                kv.record_heat(seq.block_table.blocks(), mass);
+            }
+        }
+    }
+
     fn publish_stats(&mut self) {
-        let (running, waiting) = (self.scheduler.running().len(), self.scheduler.num_waiting());
+        let parked = self.tiering.as_ref().map_or(0, Tiering::num_parked);
+        let (running, waiting) = (
+            self.scheduler.running().len(),
+            self.scheduler.num_waiting() + parked,
+        );
         let mut kv = self.kv_manager.borrow_mut();
         let (free, total) = (kv.num_free_blocks(), kv.num_total_blocks());
         let counters = kv.counters();
         let changes = kv.take_changes();
+        metrics::gauge!(names::KV_TIER_BLOCKS, "tier" => "hot").set(kv.num_cached_blocks() as f64);
         drop(kv);
         self.kv_events.publish(changes);
         let preemptions = self.scheduler.preemptions();
+        let deferrals = self.scheduler.deferrals();
         let s = &self.stats;
+        s.deferrals.store(deferrals, Ordering::Relaxed);
+        if let Some(t) = &self.tiering {
+            for (stat, &n) in s.tier_hits.iter().zip(&t.promoted) {
+                stat.store(n, Ordering::Relaxed);
+            }
+        }
         s.running.store(running, Ordering::Relaxed);
         s.waiting.store(waiting, Ordering::Relaxed);
         s.free_blocks.store(free, Ordering::Relaxed);
@@ -332,15 +458,20 @@ impl EngineLoop {
         metrics::gauge!(names::WAITING_SEQUENCES).set(waiting as f64);
         metrics::gauge!(names::KV_BLOCKS_FREE).set(free as f64);
         metrics::gauge!(names::KV_BLOCKS_USED).set((total - free) as f64);
-        let (before, preempted_before) = self.exported;
+        let before = &self.exported;
         metrics::counter!(names::PREFIX_CACHE_QUERIED_TOKENS)
-            .increment(counters.queried_tokens - before.queried_tokens);
+            .increment(counters.queried_tokens - before.kv.queried_tokens);
         metrics::counter!(names::PREFIX_CACHE_HIT_TOKENS)
-            .increment(counters.hit_tokens - before.hit_tokens);
+            .increment(counters.hit_tokens - before.kv.hit_tokens);
         metrics::counter!(names::KV_BLOCKS_EVICTED)
-            .increment(counters.evicted_blocks - before.evicted_blocks);
-        metrics::counter!(names::PREEMPTIONS).increment(preemptions - preempted_before);
-        self.exported = (counters, preemptions);
+            .increment(counters.evicted_blocks - before.kv.evicted_blocks);
+        metrics::counter!(names::PREEMPTIONS).increment(preemptions - before.preemptions);
+        metrics::counter!(names::SCHEDULER_DEFERRALS).increment(deferrals - before.deferrals);
+        self.exported = Exported {
+            kv: counters,
+            preemptions,
+            deferrals,
+        };
     }
 }
 

@@ -1,0 +1,75 @@
+//! The local engine's scheduler, behind the admin key: `GET /admin/scheduler` shows the policy
+//! in force and what it has done (deferrals, the expert load of an MoE model's steps);
+//! `PUT /admin/scheduler` with `{"policy": "priority" | "fcfs" | "kda"}` switches it while the
+//! server runs, from the engine's next step on.
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use osprey_core::{Error, ErrorKind};
+use osprey_engine::{Engine, SchedulingPolicy};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/admin/scheduler", get(show).put(switch))
+}
+
+fn engine(state: &AppState) -> Result<Engine, ApiError> {
+    state.engine().cloned().ok_or_else(|| {
+        ApiError(Error::new(
+            ErrorKind::NotFound,
+            "This server runs no engine of its own (or it is still loading).",
+        ))
+    })
+}
+
+fn view(engine: &Engine) -> Value {
+    let stats = engine.stats();
+    let routing = stats.routing();
+    let mean = |sum: f64| (routing.steps > 0).then(|| sum / routing.steps as f64);
+    json!({
+        "object": "scheduler",
+        "policy": stats.policy().as_str(),
+        "policies": ["priority", "fcfs", "kda"],
+        "preemptions": stats.preemptions(),
+        "deferrals": stats.deferrals(),
+        "moe_steps": routing.steps,
+        "mean_expert_load_imbalance": mean(routing.imbalance),
+        "mean_experts_active": mean(routing.active_experts),
+    })
+}
+
+async fn show(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(view(&engine(&state)?)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Switch {
+    policy: String,
+}
+
+async fn switch(
+    State(state): State<AppState>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: Switch = serde_json::from_slice(&body)
+        .map_err(|e| Error::invalid("body", format!("Invalid scheduler request: {e}")))?;
+    let policy = SchedulingPolicy::parse(&req.policy).ok_or_else(|| {
+        Error::invalid(
+            "policy",
+            format!(
+                "Unknown policy `{}`: use priority, fcfs or kda.",
+                req.policy
+            ),
+        )
+    })?;
+    let engine = engine(&state)?;
+    engine.set_scheduling_policy(policy)?;
+    Ok(Json(view(&engine)))
+}
