@@ -5,6 +5,10 @@
 #   litellm       LiteLLM proxy, 1 worker, model "mock"                   (port 18501)
 #   osprey        osprey serve --no-engine --upstream mock=…, local limits (port 18502)
 #   osprey-redis  the same with --redis redis://127.0.0.1:6379            (port 18503)
+#   osprey-traced osprey, exporting every span over OTLP to a local sink   (port 18504)
+#   osprey-quiet  osprey with --no-metrics --no-request-log, no traces    (port 18505)
+#                 (osprey-traced against osprey-quiet: what observability costs; not in the
+#                 default TARGETS)
 # Each mode ("json": the mock's instant chat.completion; "stream": its SSE body at /stream/v1, with
 # "stream": true) starts fresh gateways pointed at the matching mock path. Runs interleave per rate
 # (order reversed on every other run); LiteLLM gets its own lower rates, direct is measured at both
@@ -42,6 +46,8 @@ REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 OUT=${OUT:-bench/results}
 MOCK_PORT=${MOCK_PORT:-18500} LITELLM_PORT=${LITELLM_PORT:-18501}
 OSPREY_PORT=${OSPREY_PORT:-18502} OSPREY_REDIS_PORT=${OSPREY_REDIS_PORT:-18503}
+OSPREY_TRACED_PORT=${OSPREY_TRACED_PORT:-18504} OSPREY_QUIET_PORT=${OSPREY_QUIET_PORT:-18505}
+SINK_PORT=${SINK_PORT:-18506}
 PEER_SCRIPTS=${PEER_SCRIPTS:-../shared/peers}
 OHA=${OHA:-$(command -v oha || echo "$HOME/.cargo/bin/oha")}
 [ -x "$OHA" ] || { echo "oha not found: cargo install oha --locked" >&2; exit 1; }
@@ -81,14 +87,14 @@ cpu_ticks() { local s=0 p v; for p in $(tree "$1"); do   # utime + stime, fields
 
 # --- what can run -------------------------------------------------------------------------------
 declare -A SKIP=()
-if has osprey || has osprey-redis; then
+if has osprey || has osprey-redis || has osprey-traced || has osprey-quiet; then
   [ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release -q
   if [ ! -x "$OSPREY" ]; then
     why="no binary at $OSPREY"
   elif ! "$OSPREY" serve --help 2>/dev/null | grep -q -- --upstream; then
     why="osprey serve has no --upstream yet"
   else why=; fi
-  if [ -n "$why" ]; then SKIP[osprey]=$why; SKIP[osprey-redis]=$why
+  if [ -n "$why" ]; then for t in osprey osprey-redis osprey-traced osprey-quiet; do SKIP[$t]=$why; done
   elif has osprey-redis && ! "$OSPREY" serve --help | grep -q -- --redis; then
     SKIP[osprey-redis]="osprey serve has no --redis"
   fi
@@ -107,12 +113,13 @@ if has osprey-redis && [ -z "${SKIP[osprey-redis]:-}" ] && ! redis_up; then
   else SKIP[osprey-redis]="nothing answers on $REDIS_URL and no redis-server"; fi
 fi
 ACTIVE=()
-for t in direct litellm osprey osprey-redis; do
+for t in direct litellm osprey osprey-redis osprey-traced osprey-quiet; do
   has "$t" || continue
   if [ -n "${SKIP[$t]:-}" ]; then echo "skipping $t: ${SKIP[$t]}" >&2; else ACTIVE+=("$t"); fi
 done
 for t in "${ACTIVE[@]}"; do
-  case $t in litellm) p=$LITELLM_PORT;; osprey) p=$OSPREY_PORT;; osprey-redis) p=$OSPREY_REDIS_PORT;; *) continue;; esac
+  case $t in litellm) p=$LITELLM_PORT;; osprey) p=$OSPREY_PORT;; osprey-redis) p=$OSPREY_REDIS_PORT;;
+    osprey-traced) p=$OSPREY_TRACED_PORT;; osprey-quiet) p=$OSPREY_QUIET_PORT;; *) continue;; esac
   port_busy "$p" && { echo "port $p (for $t) is already in use; stop what listens there first" >&2; exit 1; }
 done
 
@@ -121,6 +128,20 @@ if curl -sf "http://127.0.0.1:$MOCK_PORT/v1/models" >/dev/null; then
   echo "reusing the mock upstream on port $MOCK_PORT" >&2
 else
   STARTED+=("$(bash "$PEER_SCRIPTS/mock-upstream.sh" "$MOCK_PORT")")
+fi
+
+# --- a sink for osprey-traced's spans: an HTTP server that takes every POST and answers 200 ---
+if has osprey-traced && [ -z "${SKIP[osprey-traced]:-}" ]; then
+  python3 - "$SINK_PORT" >"$LOGS/otlp-sink.log" 2>&1 <<'PY' &
+import http.server, sys
+class Sink(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+PY
+  STARTED+=($!)
 fi
 
 # --- per-target request set-up ------------------------------------------------------------------
@@ -175,8 +196,13 @@ start_gateways() {  # MODE
       STARTED+=("${PID[litellm]}")
       AUTH[litellm]=$(cat "/tmp/litellm-$LITELLM_PORT/master_key")
       URL[litellm]=http://127.0.0.1:$LITELLM_PORT/v1/chat/completions ;;
-    osprey|osprey-redis)
-      [ "$t" = osprey ] && { port=$OSPREY_PORT; extra=(); } || { port=$OSPREY_REDIS_PORT; extra=(--redis "$REDIS_URL"); }
+    osprey|osprey-redis|osprey-traced|osprey-quiet)
+      case $t in
+        osprey) port=$OSPREY_PORT; extra=() ;;
+        osprey-redis) port=$OSPREY_REDIS_PORT; extra=(--redis "$REDIS_URL") ;;
+        osprey-traced) port=$OSPREY_TRACED_PORT; extra=(--otlp-endpoint "http://127.0.0.1:$SINK_PORT") ;;
+        osprey-quiet) port=$OSPREY_QUIET_PORT; extra=(--no-metrics --no-request-log) ;;
+      esac
       home=$WORK/home-$t-$mode; mkdir -p "$home"; log=$LOGS/$t-$mode.log
       AUTH[$t]=$(OSPREY_HOME=$home "$OSPREY" keys create --tenant bench --rpm 100000000 --tpm 100000000000 | tr -d '[:space:]')
       [ -n "${AUTH[$t]}" ] || { echo "osprey keys create printed no key" >&2; exit 1; }

@@ -280,7 +280,11 @@ impl Orchestrator {
                 .wall_time()
                 .saturating_sub(run.spent.working + t.elapsed());
             let limit = tool.spec().timeout.min(left);
-            let outcome = match tokio::time::timeout(limit, tool.call(args.clone())).await {
+            let call = tracing::Instrument::instrument(
+                tool.call(args.clone()),
+                tracing::info_span!("tool", tool = %name, attempt = run.spent.retries),
+            );
+            let outcome = match tokio::time::timeout(limit, call).await {
                 Ok(r) => r,
                 Err(_) if limit < tool.spec().timeout => {
                     run.spent.working += t.elapsed();

@@ -10,7 +10,9 @@
 //!    lowest-priority, newest running sequence.
 //! 3. Waiting sequences are admitted — interactive first, except that a batch request past its
 //!    deadline (by default `starvation_timeout` after it arrived) counts as interactive —
-//!    reusing cached prefixes, while the budget, the sequence cap and the KV pool allow.
+//!    reusing cached prefixes, while the budget, the sequence cap and the KV pool allow: a
+//!    sequence is admitted (with its first chunk) only once its whole prompt fits in the free
+//!    blocks, so that long prompts do not preempt each other in turn without end.
 //!
 //! Preemption is by recompute (vLLM's default): the victim's blocks are freed and it returns to
 //! the front of its queue; on resumption its tokens are recomputed (often from the prefix cache)
@@ -210,6 +212,24 @@ impl Scheduler {
         self.deferrals
     }
 
+    /// Takes out the sequences next in line for admission (the head of each waiting queue)
+    /// for which `pick` is true.
+    pub fn take_next_waiting(&mut self, mut pick: impl FnMut(&Sequence) -> bool) -> Vec<Sequence> {
+        (self.waiting.iter_mut())
+            .filter_map(|q| q.pop_front_if(|s| pick(s)))
+            .collect()
+    }
+
+    /// Queues a sequence that was running before (preempted): at the front of its queue
+    /// (under `kda`, by deadline).
+    pub fn requeue(&mut self, seq: Sequence) {
+        let q = self.queue_of(&seq);
+        match self.config.policy {
+            SchedulingPolicy::Kda => self.insert_by_deadline(q, seq),
+            _ => self.waiting[q].push_front(seq),
+        }
+    }
+
     /// Drops sequences whose clients have gone (their blocks return to the pool).
     pub fn remove_cancelled(&mut self) -> usize {
         let before = self.num_waiting() + self.running.len();
@@ -291,12 +311,9 @@ impl Scheduler {
         tracing::debug!(seq = seq.id, tokens = seq.tokens.len(), "preempted");
         seq.block_table.release();
         seq.num_computed = 0;
+        seq.preempted = true;
         self.preemptions += 1;
-        let q = self.queue_of(&seq);
-        match self.config.policy {
-            SchedulingPolicy::Kda => self.insert_by_deadline(q, seq),
-            _ => self.waiting[q].push_front(seq),
-        }
+        self.requeue(seq);
     }
 
     /// Tokens `seq` may compute this step from a budget of `budget`.
@@ -449,6 +466,16 @@ impl Scheduler {
                 n = self.balanced_chunk(load, &self.waiting[q][0], n).max(1);
             }
             let seq = self.waiting[q].front_mut().expect("non-empty");
+            // Its whole prompt must fit in the free blocks, not just this chunk: a sequence
+            // admitted on its first chunk alone grows into the others' blocks and preempts them,
+            // and they it, recomputing each other's prompts without end.
+            let whole = seq.block_table.blocks_needed(seq.tokens.len());
+            let alone = self.running.is_empty() && out.scheduled.is_empty();
+            if !alone && self.kv.borrow().num_free_blocks() < whole {
+                seq.block_table.release();
+                seq.num_computed = 0;
+                break;
+            }
             if !seq.block_table.reserve(seq.num_computed + n) {
                 // Give back any prefix blocks it took; try again next step.
                 seq.block_table.release();
@@ -547,6 +574,7 @@ mod tests {
             deadline: None,
             experts: Default::default(),
             heat: Default::default(),
+            preempted: false,
             deferrals: 0,
             finish: None,
         }
@@ -839,6 +867,22 @@ mod tests {
         assert_eq!(s.policy(), SchedulingPolicy::Kda);
         run_step(&mut s);
         assert_eq!(running_ids(&s), [2], "interactive goes first once requeued");
+        assert_eq!(s.num_waiting(), 1);
+    }
+
+    #[test]
+    fn a_long_prompt_waits_until_all_of_it_fits() {
+        // 10 blocks; two 100-token prompts (7 blocks each), 128 tokens a step.
+        let config = SchedulerConfig {
+            max_num_batched_tokens: 128,
+            ..SchedulerConfig::default()
+        };
+        let (mut s, m) = scheduler(config, 10);
+        s.add(seq(&m, 1, 100, Priority::Interactive));
+        s.add(seq(&m, 2, 100, Priority::Interactive));
+        run_step(&mut s);
+        assert_eq!(running_ids(&s), [1], "the second would not fit whole");
+        assert_eq!(s.running()[0].num_computed, 100);
         assert_eq!(s.num_waiting(), 1);
     }
 }

@@ -50,6 +50,9 @@ pub struct Sequence {
     pub experts: ExpertForecast,
     /// Where its attention goes, per KV block (`kda`, sampled).
     pub heat: BlockHeat,
+    /// Whether it was preempted since its prefix was last looked up below the pool: its
+    /// evicted blocks may be in a lower tier.
+    pub preempted: bool,
     /// Steps it has been deferred in a row to keep an expert under capacity (`kda`).
     pub deferrals: u32,
     /// Set when the last step ended the sequence.

@@ -282,3 +282,54 @@ async fn a_hanging_fetch_holds_up_only_its_own_request() {
         "the other sequence kept decoding while the fetch hung: {during}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempted_sequences_come_back_from_the_warm_tier_unchanged() {
+    let solo_engine = osprey_testkit::shared_engine();
+    let prompts: Vec<Vec<u32>> = (0..2).map(|i| prompt(&solo_engine, 10 + i)).collect();
+    let long = |p: Vec<u32>, e: Engine| async move {
+        let params = SamplingParams {
+            temperature: 0.0,
+            max_tokens: 96,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        };
+        let mut g = e
+            .generate(e.validate(GenerateRequest::new(p, params)).unwrap())
+            .unwrap();
+        let mut ids = Vec::new();
+        while let Some(d) = g.next().await {
+            ids.extend(d.unwrap().token.map(|t| t.id));
+        }
+        ids
+    };
+    let mut solo = Vec::new();
+    for p in &prompts {
+        solo.push(long(p.clone(), solo_engine.clone()).await);
+    }
+    // A pool for both prompts and little more: as they grow, one is preempted, and the other
+    // takes the blocks it gave back, which go down to the warm tier until it returns.
+    let per_token = engine_info_bytes_per_token();
+    let e = engine(EngineConfig {
+        kv_cache_bytes: per_token * (2 * prompts[0].len() + 48),
+        tiers: warm(Codec::F16),
+        ..test_config()
+    });
+    let runs: Vec<_> = prompts
+        .iter()
+        .map(|p| tokio::spawn(long(p.clone(), e.clone())))
+        .collect();
+    let mut together = Vec::new();
+    for r in runs {
+        together.push(r.await.unwrap());
+    }
+    assert!(e.stats().preemptions() > 0, "the pool was meant to run out");
+    assert_eq!(
+        together, solo,
+        "swapped back or recomputed, every answer is the same"
+    );
+    assert!(
+        e.stats().tier_hits(Tier::Warm) > 0,
+        "evicted blocks of preempted sequences came back"
+    );
+}

@@ -37,6 +37,9 @@ pub struct TenantConfig {
     /// Scopes its agent runs' tools may use (`read`, `write`, `network`, `destructive`);
     /// default: `[agent] default_scopes`. Its keys may narrow them.
     pub tool_scopes: Option<Vec<String>>,
+    /// The share (0 to 1) of its requests whose prompt and answer text the request log keeps,
+    /// PII redacted; default 0: none, so a tenant that forbids it needs to say nothing.
+    pub log_text_sample_rate: Option<f64>,
 }
 
 /// Limits for tenants that set none.
@@ -124,6 +127,8 @@ pub struct EdgeConfig {
     pub admission: AdmissionConfig,
     /// The key that opens the admin API (`/admin/...`); without it the admin API is closed.
     pub admin_key: Option<String>,
+    /// Keep no request log (for measuring what it costs).
+    pub no_request_log: bool,
 }
 
 /// The tenant of requests made without a key, on a server with no keys.
@@ -158,6 +163,8 @@ pub struct Tenant {
     pub groups: Vec<String>,
     /// Tool scopes granted (`None`: the agent runtime's default).
     pub tool_scopes: Option<Vec<String>>,
+    /// The share of its requests whose text the request log keeps (redacted).
+    pub log_text_sample_rate: f64,
 }
 
 impl EdgeConfig {
@@ -178,6 +185,7 @@ impl EdgeConfig {
             premium: t.premium.unwrap_or(false),
             groups: t.groups.unwrap_or_default(),
             tool_scopes: t.tool_scopes,
+            log_text_sample_rate: t.log_text_sample_rate.unwrap_or(0.0).clamp(0.0, 1.0),
         }
     }
 }

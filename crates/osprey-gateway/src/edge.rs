@@ -21,6 +21,8 @@ use osprey_core::metrics as names;
 use osprey_core::{Error, ErrorKind, Priority};
 use osprey_store::KeyRecord;
 
+use tracing::Instrument;
+
 use crate::admission::{Admission, Place};
 use crate::auth::Authenticator;
 use crate::config::{EdgeConfig, OPEN_TENANT, Tenant};
@@ -47,12 +49,23 @@ pub struct Caller {
     pub groups: Vec<String>,
     /// The tool scopes its key is granted, within its tenant's (`None`: the tenant's).
     pub tool_scopes: Option<Vec<String>>,
+    /// What happens to the request on its way, for the request log.
+    pub record: Arc<crate::record::RequestRecord>,
 }
 
 /// The header naming the end user a request is for.
 pub const USER_HEADER: &str = "x-osprey-user";
 
 impl Caller {
+    /// The same caller, with a record of its own (for a request the gateway makes on its
+    /// behalf, which must not mix its notes into the client request's).
+    pub fn with_fresh_record(&self) -> Self {
+        Self {
+            record: Arc::default(),
+            ..self.clone()
+        }
+    }
+
     /// Whose state a request reads and writes: the tenant's user named by the header, else
     /// by the body's `user` (chat requests), else the tenant's anonymous user (`""`).
     pub fn owner(&self, body_user: Option<&str>) -> osprey_store::Owner {
@@ -107,6 +120,16 @@ impl UsageReport {
         self.completion.store(completion, Ordering::Relaxed);
         self.prompt_known.store(true, Ordering::Relaxed);
         self.known.store(true, Ordering::Relaxed);
+    }
+
+    /// `(prompt, completion)` tokens as far as they are known.
+    pub fn tokens(&self) -> (Option<u64>, Option<u64>) {
+        let known = self.known.load(Ordering::Relaxed);
+        let prompt = self.prompt_known.load(Ordering::Relaxed);
+        (
+            prompt.then(|| self.prompt.load(Ordering::Relaxed)),
+            known.then(|| self.completion.load(Ordering::Relaxed)),
+        )
     }
 
     /// Records completion tokens only (the prompt's count is not known).
@@ -190,6 +213,7 @@ impl Edge {
                 user: None,
                 groups: Vec::new(),
                 tool_scopes: None,
+                record: Arc::default(),
             },
             model: None,
             usage: Arc::default(),
@@ -218,6 +242,7 @@ impl Edge {
             tool_scopes: key.as_ref().and_then(|k| {
                 (k.tool_scopes.as_deref()).map(|s| s.split(',').map(str::to_owned).collect())
             }),
+            record: Arc::default(),
         };
         Ok((caller, key))
     }
@@ -273,7 +298,10 @@ type Rejection = (Error, Option<LimitHeaders>);
 
 async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rejection> {
     let edge = layer.app.edge_arc();
-    let (caller, key) = edge.caller(req.headers()).await.map_err(|e| (e, None))?;
+    let (caller, key) = (edge.caller(req.headers()))
+        .instrument(tracing::info_span!("auth"))
+        .await
+        .map_err(|e| (e, None))?;
     let (mut parts, body) = req.into_parts();
     let limit = layer.max_body_bytes;
     let mut bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
@@ -356,7 +384,8 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
         buckets.push(bucket("key", &k.id, Unit::Requests, rpm, 1));
         buckets.push(bucket("key", &k.id, Unit::Tokens, tpm, charged));
     }
-    let decision = match edge.limiter.check(&buckets, caller.key_id.as_deref()).await {
+    let check = edge.limiter.check(&buckets, caller.key_id.as_deref());
+    let decision = match check.instrument(tracing::info_span!("rate_limit")).await {
         Verdict::Revoked => {
             if let Some(id) = &caller.key_id {
                 edge.auth.forget(id);

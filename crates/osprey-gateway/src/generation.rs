@@ -57,10 +57,17 @@ pub struct RequestTimer {
     usage: std::sync::Arc<crate::edge::UsageReport>,
     /// Where the time to first token also goes (the degradation ladder watches it).
     ladder: Option<std::sync::Arc<crate::degrade::Degradation>>,
+    /// The request's record, which gets every token's time.
+    record: Option<std::sync::Arc<crate::record::RequestRecord>>,
     model: String,
     priority: &'static str,
     start: Instant,
     last_token: Option<Instant>,
+    /// The span open now: `engine.queue` until the first token (queueing and prefill), then
+    /// `engine.decode` until the end.
+    span: Option<tracing::Span>,
+    /// The request's span, their parent (tokens are read outside it, as the body streams).
+    parent: tracing::Span,
 }
 
 impl RequestTimer {
@@ -73,10 +80,13 @@ impl RequestTimer {
         Self {
             usage,
             ladder: None,
+            record: None,
             model: model.to_owned(),
             priority: priority.as_str(),
             start: Instant::now(),
             last_token: None,
+            span: Some(tracing::info_span!("engine.queue")),
+            parent: tracing::Span::current(),
         }
     }
 
@@ -86,15 +96,34 @@ impl RequestTimer {
         self
     }
 
+    /// The same timer, noting tokens in the request's `record` too.
+    pub fn recorded_in(mut self, record: std::sync::Arc<crate::record::RequestRecord>) -> Self {
+        self.record = Some(record);
+        self
+    }
+
+    /// Notes something about the request in its record, if it has one.
+    pub fn note(&self, f: impl FnOnce(&mut crate::record::Notes)) {
+        if let Some(r) = &self.record {
+            r.note(f);
+        }
+    }
+
     /// Records a generated token.
     pub fn token(&mut self) {
         let now = Instant::now();
+        if let Some(r) = &self.record {
+            r.token(now);
+        }
         let labels = [
             ("model", self.model.clone()),
             ("priority", self.priority.to_owned()),
         ];
         match self.last_token {
             None => {
+                let parent = &self.parent;
+                let decode = tracing::info_span!(parent: parent, "engine.decode", tokens = tracing::field::Empty);
+                self.span = Some(decode);
                 metrics::histogram!(names::TIME_TO_FIRST_TOKEN, &labels)
                     .record((now - self.start).as_secs_f64());
                 if let Some(ladder) = &self.ladder {
@@ -108,7 +137,10 @@ impl RequestTimer {
     }
 
     /// Records the end of a request and its token counts.
-    pub fn finish(&self, prompt_tokens: usize, completion_tokens: usize) {
+    pub fn finish(&mut self, prompt_tokens: usize, completion_tokens: usize) {
+        if let Some(span) = self.span.take() {
+            span.record("tokens", completion_tokens);
+        }
         self.usage
             .set(prompt_tokens as u64, completion_tokens as u64);
         let labels = [

@@ -60,6 +60,7 @@ pub mod limits;
 pub mod metrics;
 pub mod prompts;
 pub mod rag;
+pub mod record;
 pub mod replay;
 pub mod request_log;
 pub mod routes;
@@ -68,6 +69,7 @@ pub mod semantic_cache;
 pub mod sse_tap;
 pub mod state;
 pub mod summarize;
+pub mod telemetry;
 pub mod upstream;
 pub mod workers;
 
@@ -132,7 +134,7 @@ pub async fn serve_router(
     app: axum::Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    metrics::prometheus();
+    metrics::install();
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

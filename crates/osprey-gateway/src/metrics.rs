@@ -35,8 +35,27 @@ const EXPERT_BUCKETS: &[f64] = &[
     1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 12.0, 16.0, 32.0, 64.0,
 ];
 
+/// Whether metrics are off (`--no-metrics`): no recorder is installed, every metric call is a
+/// no-op and `/metrics` answers 404.
+static DISABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns metrics off for the process (before anything records one).
+pub fn disable() {
+    DISABLED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether metrics are on.
+pub fn enabled() -> bool {
+    !DISABLED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The process-wide Prometheus recorder (installed on first use), unless metrics are off.
+pub fn install() -> Option<&'static PrometheusHandle> {
+    enabled().then(prometheus)
+}
+
 /// The process-wide Prometheus recorder (installed on first use).
-pub fn prometheus() -> &'static PrometheusHandle {
+fn prometheus() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
         let builder = PrometheusBuilder::new()

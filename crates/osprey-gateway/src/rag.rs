@@ -22,6 +22,7 @@ use osprey_policy::pipeline::Pipeline;
 use osprey_policy::{Action, Source};
 use osprey_rag::{Collection, Hit, RagError, SearchQuery};
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use crate::edge::Caller;
 use crate::routes::conversations::message_text;
@@ -158,13 +159,27 @@ pub async fn augment(
         .ok_or_else(|| {
             Error::invalid("messages", "retrieval needs a user message to search for")
         })?;
+    let started = std::time::Instant::now();
+    let span = tracing::info_span!("retrieval", collection = name, hits = tracing::field::Empty);
     let hits = search(
         state,
         caller,
         name,
         SearchQuery::new(&question, top_k, caller.groups.clone()),
     )
+    .instrument(span.clone())
     .await?;
+    span.record("hits", hits.len());
+    caller.record.note(|n| {
+        n.retrieval = Some(crate::record::RetrievalNote {
+            collection: name.to_owned(),
+            hits: hits
+                .iter()
+                .map(|h| format!("{}#{}", h.document_id, h.chunk_id))
+                .collect(),
+            ms: started.elapsed().as_secs_f64() * 1e3,
+        })
+    });
     let mut retrieved = Retrieved::default();
     for mut hit in hits {
         if let Some(pipeline) = pipeline {

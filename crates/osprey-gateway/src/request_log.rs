@@ -6,6 +6,8 @@
 
 use std::time::Instant;
 
+use futures_util::StreamExt;
+
 use axum::http::HeaderValue;
 use axum::response::Response;
 use osprey_context::builder::Injected;
@@ -68,11 +70,12 @@ pub struct Noted {
 }
 
 /// The row of a request for `route` naming `model`, answered with `response` after `started`;
-/// `response` gets the request's id (`x-request-id`) if it has none.
+/// `response` gets the request's id (`request_id`, else a new one) if it has none. What is known only at the
+/// end of the answer (tokens, timings, errors, the answer's text) is filled in by [`finish`].
 pub fn entry(
     caller: &Caller,
-    route: &str,
-    model: &str,
+    (route, model): (&str, &str),
+    request_id: Option<&HeaderValue>,
     started: Instant,
     response: &mut Response,
 ) -> RequestLogEntry {
@@ -80,7 +83,9 @@ pub fn entry(
     let id = match headers.get(crate::upstream::REQUEST_ID) {
         Some(id) => id.to_str().unwrap_or_default().to_owned(),
         None => {
-            let id = crate::upstream::new_request_id();
+            let id = request_id
+                .cloned()
+                .unwrap_or_else(crate::upstream::new_request_id);
             headers.insert(crate::upstream::REQUEST_ID, id.clone());
             id.to_str().unwrap_or_default().to_owned()
         }
@@ -92,6 +97,21 @@ pub fn entry(
     };
     let cache = header(crate::replay::CACHE);
     let served = header(crate::upstream::SERVED_BY);
+    let mut detail = serde_json::Map::new();
+    for (key, name) in [
+        ("worker", crate::workers::SERVED_BY_WORKER),
+        ("degraded", crate::degrade::DEGRADED),
+        ("rag", crate::rag::RAG_HEADER),
+        ("memory", crate::context::MEMORY_HEADER),
+    ] {
+        if let Some(v) = header(name) {
+            detail.insert(key.into(), v.into());
+        }
+    }
+    let (tier, route_reason) = (
+        header(crate::routes::auto::TIER),
+        header(crate::upstream::ROUTE_REASON),
+    );
     let noted = response
         .extensions()
         .get::<Noted>()
@@ -112,6 +132,176 @@ pub fn entry(
         injected: serde_json::to_string(&noted.injected).unwrap_or_else(|_| "{}".into()),
         cache,
         latency_ms: started.elapsed().as_millis() as i64,
-        created_at: 0,
+        key_id: caller.key_id.clone(),
+        tier,
+        route_reason,
+        trace_id: crate::telemetry::trace_id(),
+        detail: serde_json::Value::Object(detail).to_string(),
+        ..RequestLogEntry::default()
     }
+}
+
+/// The end of a request's row, once its answer's last byte has gone (or its client left):
+/// tokens, timings, the error if any, and what was noted on the way.
+pub fn finish(
+    mut entry: RequestLogEntry,
+    caller: &Caller,
+    usage: &crate::edge::UsageReport,
+    started: Instant,
+) -> RequestLogEntry {
+    let (prompt, completion) = usage.tokens();
+    entry.prompt_tokens = prompt.map(|n| n as i64);
+    entry.completion_tokens = completion.map(|n| n as i64);
+    entry.total_ms = Some(started.elapsed().as_millis() as i64);
+    caller.record.read(|notes| {
+        entry.ttft_ms = notes.first_token.map(|t| (t - started).as_millis() as i64);
+        if let (Some(first), Some(last)) = (notes.first_token, notes.last_token)
+            && notes.tokens > 1
+        {
+            entry.tpot_us = Some(((last - first).as_micros() / (notes.tokens as u128 - 1)) as i64);
+        }
+        entry.error = entry.error.take().or_else(|| notes.error.clone());
+        entry.prompt_text = notes.prompt_text.clone();
+        entry.response_text = notes.response_text.clone();
+        let mut detail: serde_json::Value =
+            serde_json::from_str(&entry.detail).unwrap_or_else(|_| serde_json::json!({}));
+        if let (Some(d), Ok(serde_json::Value::Object(n))) =
+            (detail.as_object_mut(), serde_json::to_value(notes))
+        {
+            d.extend(n);
+        }
+        entry.detail = detail.to_string();
+    });
+    entry
+}
+
+/// `response` with its row written to `log` once its body has been sent or dropped. When the
+/// caller's tenant samples this request, the answer's text is kept (PII redacted); an error
+/// answer's message is kept always.
+pub fn attach(
+    log: RequestLog,
+    entry: RequestLogEntry,
+    caller: Caller,
+    usage: std::sync::Arc<crate::edge::UsageReport>,
+    started: Instant,
+    response: Response,
+) -> Response {
+    let sampled = caller.record.read(|n| n.prompt_text.is_some());
+    let failed = !response.status().is_success();
+    let response = if sampled || failed {
+        let record = caller.record.clone();
+        keep_text(response, move |text, error| {
+            record.note(|n| match error {
+                Some(e) => n.error = Some(e),
+                None if sampled => {
+                    n.response_text
+                        .get_or_insert_with(String::new)
+                        .push_str(&text);
+                }
+                None => {}
+            })
+        })
+    } else {
+        response
+    };
+    let (parts, body) = response.into_parts();
+    let mut row = Some((entry, caller, usage));
+    let write = move || {
+        if let Some((entry, caller, usage)) = row.take() {
+            let mut entry = finish(entry, &caller, &usage, started);
+            entry.response_text = entry.response_text.map(|t| redact(&t));
+            log.record(entry);
+        }
+    };
+    let guard = OnDrop(Some(write));
+    let stream = body.into_data_stream().map(move |chunk| {
+        let _ = &guard;
+        chunk
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(stream))
+}
+
+/// Calls its closure when dropped.
+struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+/// Passes `response`'s text to `keep` as it goes by: the content of each streamed delta, or of
+/// a whole answer, as `(text, None)`; an error's message as `("", Some(message))`.
+fn keep_text(
+    response: Response,
+    mut keep: impl FnMut(String, Option<String>) + Send + 'static,
+) -> Response {
+    use futures_util::FutureExt;
+    fn text_of(v: &serde_json::Value) -> Option<String> {
+        let choice = &v["choices"][0];
+        (choice["delta"]["content"].as_str())
+            .or(choice["message"]["content"].as_str())
+            .or(choice["text"].as_str())
+            .map(str::to_owned)
+    }
+    fn error_of(v: &serde_json::Value) -> Option<String> {
+        v["error"]["message"].as_str().map(str::to_owned)
+    }
+    if crate::sse_tap::is_stream(&response) {
+        return crate::sse_tap::tap(response, move |data| {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&data) {
+                match error_of(&v) {
+                    Some(e) => keep(String::new(), Some(e)),
+                    None => keep(text_of(&v).unwrap_or_default(), None),
+                }
+            }
+            async move { data }.boxed()
+        });
+    }
+    let (parts, body) = response.into_parts();
+    let stream = futures_util::stream::once(async move {
+        let bytes = axum::body::to_bytes(body, usize::MAX)
+            .await
+            .unwrap_or_default();
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+            match error_of(&v) {
+                Some(e) => keep(String::new(), Some(e)),
+                None => keep(text_of(&v).unwrap_or_default(), None),
+            }
+        }
+        Ok::<_, std::convert::Infallible>(bytes)
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(stream))
+}
+
+/// `text` with personal data replaced by typed placeholders.
+pub fn redact(text: &str) -> String {
+    osprey_policy::redact::Redactor::default().redact(text, None)
+}
+
+/// Whether a request of a tenant keeping `rate` of its requests' text is kept; if so, its
+/// prompt's text (the messages' or the prompt's, redacted) goes into `record`.
+pub fn sample_prompt(rate: f64, body: &[u8], record: &crate::record::RequestRecord) {
+    if rate <= 0.0 || rand::random::<f64>() >= rate {
+        return;
+    }
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return;
+    };
+    let text = match v["messages"].as_array() {
+        Some(messages) => (messages.iter())
+            .filter_map(|m| {
+                let content = crate::routes::conversations::message_text(&m["content"])?;
+                Some(format!("{}: {content}", m["role"].as_str().unwrap_or("?")))
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        None => match &v["prompt"] {
+            serde_json::Value::String(p) => p.clone(),
+            other => other.to_string(),
+        },
+    };
+    record.note(|n| n.prompt_text = Some(redact(&text)));
 }

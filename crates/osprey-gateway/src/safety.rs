@@ -399,6 +399,8 @@ pub struct Auditor {
     audit: Audit,
     tenant: String,
     key_id: Option<String>,
+    /// The request's record, which gets every verdict too.
+    record: Arc<crate::record::RequestRecord>,
 }
 
 impl Auditor {
@@ -409,6 +411,7 @@ impl Auditor {
             audit,
             tenant: caller.tenant.name.clone(),
             key_id: caller.key_id.clone(),
+            record: caller.record.clone(),
         }
     }
 
@@ -471,6 +474,15 @@ impl Auditor {
             action = action_name(action),
             "guard verdict"
         );
+        self.record.note(|n| {
+            n.guards.push(crate::record::GuardNote {
+                source: source_name(source).to_owned(),
+                category: category.to_owned(),
+                rule: rule.to_owned(),
+                action: action_name(action).to_owned(),
+                score,
+            })
+        });
         let entry = AuditEntry {
             at: 0,
             tenant: self.tenant.clone(),

@@ -215,6 +215,9 @@ impl AppState {
 
     /// Where generation requests are logged: the store's request log, if there is a store.
     pub fn request_log(&self) -> Option<&crate::request_log::RequestLog> {
+        if self.edge().config().no_request_log {
+            return None;
+        }
         let store = self.inner.store.as_ref()?;
         Some(
             (self.inner.request_log)

@@ -153,6 +153,7 @@ impl Upstream {
             .entry(REQUEST_ID)
             .or_insert_with(new_request_id)
             .clone();
+        crate::telemetry::inject(&mut headers);
         let body = match &self.remote_model {
             Some(remote) => crate::body::set_model(&body, remote)?,
             None => body,

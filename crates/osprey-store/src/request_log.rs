@@ -1,6 +1,8 @@
-//! The request log: one row per generation request, saying who asked, which model answered,
-//! which prompt version and conversation it used, what the prompt builder injected (memory
-//! layers, history) and how it ended. Never the text, so the log keeps no user content.
+//! The request log: one row per generation request, saying who asked (tenant, user, key), which
+//! model and tier answered and why, which prompt version and conversation it used, what the
+//! prompt builder injected (memory layers, history), what happened on the way (guard verdicts,
+//! retrieval hits, tool calls, in `detail`), its tokens and timings, and how it ended. Text
+//! only for the share of a tenant's requests it samples, PII redacted before it gets here.
 
 use crate::{Result, Store, now_ms};
 
@@ -34,6 +36,35 @@ pub struct RequestLogEntry {
     pub latency_ms: i64,
     /// When it was logged, Unix ms (set on write).
     pub created_at: i64,
+    /// The row's place in the log (set on write): pages go backwards from a `seq`.
+    pub seq: i64,
+    /// The API key's id, when one was used.
+    pub key_id: Option<String>,
+    /// The tier an `auto` request went to.
+    pub tier: Option<String>,
+    /// Why it went where it did (`x-osprey-route-reason`).
+    pub route_reason: Option<String>,
+    /// Prompt tokens, when known.
+    pub prompt_tokens: Option<i64>,
+    /// Generated tokens, when known.
+    pub completion_tokens: Option<i64>,
+    /// Time to the first generated token, ms.
+    pub ttft_ms: Option<i64>,
+    /// Mean time per output token after the first, µs.
+    pub tpot_us: Option<i64>,
+    /// Time to the end of the answer (its last byte sent), ms.
+    pub total_ms: Option<i64>,
+    /// The error it ended with, if any.
+    pub error: Option<String>,
+    /// Its OpenTelemetry trace id (32 hex digits), when traced.
+    pub trace_id: Option<String>,
+    /// A JSON object of what happened on its way: guard verdicts, retrieval hits, tool calls,
+    /// the worker or upstream that served it.
+    pub detail: String,
+    /// The prompt's text, for the sampled share of a tenant's requests (PII redacted).
+    pub prompt_text: Option<String>,
+    /// The answer's text, likewise.
+    pub response_text: Option<String>,
 }
 
 /// Which rows to read.
@@ -45,12 +76,22 @@ pub struct RequestLogQuery<'a> {
     pub user: Option<&'a str>,
     /// That used this prompt only.
     pub prompt: Option<&'a str>,
+    /// That named (or were served by) this model only.
+    pub model: Option<&'a str>,
+    /// With this HTTP status only.
+    pub status: Option<i64>,
+    /// Logged at or after this time, Unix ms.
+    pub since: Option<i64>,
+    /// Older than this row (`seq`): the next page.
+    pub before: Option<i64>,
     /// How many at most, newest first.
     pub limit: i64,
 }
 
 const COLUMNS: &str = "id, tenant, user_id, route, model, status, prompt_name, prompt_version, \
-                       conversation_id, injected, cache, latency_ms, created_at";
+                       conversation_id, injected, cache, latency_ms, created_at, key_id, tier, \
+                       route_reason, prompt_tokens, completion_tokens, ttft_ms, tpot_us, \
+                       total_ms, error, trace_id, detail, prompt_text, response_text";
 
 async fn insert(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
@@ -59,7 +100,8 @@ async fn insert(
 ) -> Result<()> {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO request_log ({COLUMNS}) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+         $18, $19, $20, $21, $22, $23, $24, $25, $26)"
     )))
     .bind(&entry.id)
     .bind(&entry.tenant)
@@ -74,6 +116,19 @@ async fn insert(
     .bind(&entry.cache)
     .bind(entry.latency_ms)
     .bind(now)
+    .bind(&entry.key_id)
+    .bind(&entry.tier)
+    .bind(&entry.route_reason)
+    .bind(entry.prompt_tokens)
+    .bind(entry.completion_tokens)
+    .bind(entry.ttft_ms)
+    .bind(entry.tpot_us)
+    .bind(entry.total_ms)
+    .bind(&entry.error)
+    .bind(&entry.trace_id)
+    .bind(&entry.detail)
+    .bind(&entry.prompt_text)
+    .bind(&entry.response_text)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -94,15 +149,37 @@ impl Store {
     /// The rows `query` asks for, newest first.
     pub async fn request_log(&self, query: &RequestLogQuery<'_>) -> Result<Vec<RequestLogEntry>> {
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM request_log \
+            "SELECT {COLUMNS}, seq FROM request_log \
              WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR user_id = $2) \
-             AND ($3 IS NULL OR prompt_name = $3) ORDER BY seq DESC LIMIT $4"
+             AND ($3 IS NULL OR prompt_name = $3) AND ($4 IS NULL OR model = $4) \
+             AND ($5 IS NULL OR status = $5) AND ($6 IS NULL OR created_at >= $6) \
+             AND ($7 IS NULL OR seq < $7) ORDER BY seq DESC LIMIT $8"
         )))
         .bind(query.tenant)
         .bind(query.user)
         .bind(query.prompt)
+        .bind(query.model)
+        .bind(query.status)
+        .bind(query.since)
+        .bind(query.before)
         .bind(query.limit)
         .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The row of request `id` (the newest, should an id repeat), within `tenant` when given.
+    pub async fn request_log_entry(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<Option<RequestLogEntry>> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS}, seq FROM request_log WHERE id = $1 \
+             AND ($2 IS NULL OR tenant = $2) ORDER BY seq DESC LIMIT 1"
+        )))
+        .bind(id)
+        .bind(tenant)
+        .fetch_optional(&self.pool)
         .await?)
     }
 }

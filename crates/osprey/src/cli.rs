@@ -11,6 +11,10 @@ pub struct Cli {
     /// Log format: `text` or `json`.
     #[arg(long, global = true, env = "OSPREY_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    /// Export traces over OTLP/HTTP to this collector, e.g. `http://127.0.0.1:4318` (spans go
+    /// to `/v1/traces` beneath it). Without it nothing is exported.
+    #[arg(long, global = true, env = "OSPREY_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -133,6 +137,12 @@ pub struct ServeArgs {
     /// The key of the admin API (`/admin/keys`); without it the admin API is closed.
     #[arg(long, env = "OSPREY_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
+    /// Keep no request log (rows of who asked what, how it went): for measuring its cost.
+    #[arg(long, env = "OSPREY_NO_REQUEST_LOG")]
+    pub no_request_log: bool,
+    /// Record no metrics (`/metrics` answers 404): for measuring their cost.
+    #[arg(long, env = "OSPREY_NO_METRICS")]
+    pub no_metrics: bool,
     /// Requests per minute of tenants that set none.
     #[arg(long, env = "OSPREY_DEFAULT_RPM", default_value_t = 6_000)]
     pub default_rpm: u64,
@@ -295,22 +305,6 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
         }
     };
     Ok((value * scale) as usize)
-}
-
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`, with the HNSW library's chatter at
-/// `warn`).
-pub fn init_logging(format: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,hnsw_rs=warn,anndists=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }
 
 #[cfg(test)]

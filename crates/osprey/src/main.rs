@@ -12,6 +12,7 @@ mod prompts;
 mod rag;
 mod runs;
 mod serve;
+mod telemetry;
 mod users;
 mod worker;
 
@@ -32,7 +33,8 @@ fn run() -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     let matches = cli::Cli::command().get_matches_from(&argv);
     let cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    cli::init_logging(&cli.log_format);
+    // Flushes the spans still buffered when it is dropped, as the command ends.
+    let _telemetry = telemetry::init(&cli.log_format, cli.otlp_endpoint.as_deref())?;
     match cli.command {
         cli::Command::Serve(args) => {
             let file = match &args.config {

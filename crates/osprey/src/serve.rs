@@ -24,6 +24,9 @@ use crate::cli::{EngineArgs, ServeArgs};
 use crate::config::ConfigFile;
 
 pub fn run(args: ServeArgs, file: ConfigFile) -> anyhow::Result<()> {
+    if args.no_metrics {
+        osprey_gateway::metrics::disable();
+    }
     let local = match local_model_name(&args) {
         Some(name) => Some((model_path(&args.engine)?, name)),
         None => None,
@@ -49,6 +52,7 @@ pub fn edge_config(args: &ServeArgs, file: &ConfigFile) -> EdgeConfig {
             batch_share: args.batch_share,
         },
         admin_key: args.admin_key.clone().filter(|k| !k.is_empty()),
+        no_request_log: args.no_request_log,
     }
 }
 

@@ -89,3 +89,56 @@ fn every_flag_and_variable_in_deploy_exists_in_the_cli() {
         "the manifests were read ({checked} names checked)"
     );
 }
+
+/// `osprey_*` metric names in `text`, without a histogram's `_bucket`, `_sum` or `_count`.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for (i, _) in text.match_indices("osprey_") {
+        if i > 0 && text.as_bytes()[i - 1].is_ascii_alphanumeric() {
+            continue;
+        }
+        let name: String = text[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name);
+        found.insert(base.to_owned());
+    }
+    found
+}
+
+#[test]
+fn alert_rules_and_the_dashboard_name_only_metrics_osprey_exports() {
+    let source = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../osprey-core/src/metrics.rs"),
+    )
+    .unwrap();
+    let known: BTreeSet<String> = (source.lines())
+        .filter_map(|l| l.split_once(": &str = \"")?.1.strip_suffix("\";"))
+        .map(str::to_owned)
+        .collect();
+    assert!(known.len() > 50, "the metric names were read");
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    for file in ["prometheus/alerts.yml", "grafana/osprey-dashboard.json"] {
+        let text = std::fs::read_to_string(deploy.join(file)).unwrap();
+        let used = metric_names(&text);
+        assert!(used.len() > 5, "{file} names metrics");
+        let unknown: Vec<_> = used.difference(&known).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} names metrics Osprey does not export: {unknown:?}"
+        );
+    }
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(deploy.join("grafana/osprey-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        dashboard["panels"]
+            .as_array()
+            .is_some_and(|p| p.len() >= 10)
+    );
+}

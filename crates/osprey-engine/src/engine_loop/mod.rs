@@ -184,11 +184,12 @@ impl EngineLoop {
             deadline: req.deadline,
             experts: Default::default(),
             heat: Default::default(),
+            preempted: false,
             deferrals: 0,
             finish: None,
         };
         let seq = match &mut self.tiering {
-            Some(t) => t.park(seq, &req.cache_salt, &self.kv_manager.borrow()),
+            Some(t) => t.park(seq, &self.kv_manager.borrow()),
             None => Some(seq),
         };
         if let Some(seq) = seq {
@@ -196,12 +197,20 @@ impl EngineLoop {
         }
     }
 
-    /// Schedules the sequences whose prefix blocks came up from the tiers.
+    /// Schedules the sequences whose prefix blocks came up from the tiers, and parks preempted
+    /// sequences whose blocks have gone down since, to bring them back rather than recompute.
     fn collect_fetched(&mut self) {
         let Some(t) = &mut self.tiering else { return };
         let mut manager = self.kv_manager.borrow_mut();
-        for seq in t.collect(&mut manager, &mut self.kv, Duration::ZERO) {
-            self.scheduler.add(seq);
+        let idle = self.scheduler.running().is_empty();
+        for seq in t.collect(&mut manager, &mut self.kv, Duration::ZERO, idle) {
+            self.scheduler.requeue(seq);
+        }
+        // Checked when next in line, not when preempted: its blocks leave the pool meanwhile.
+        for seq in self.scheduler.take_next_waiting(|s| s.preempted) {
+            if let Some(seq) = t.park(seq, &manager) {
+                self.scheduler.requeue(seq);
+            }
         }
     }
 

@@ -243,6 +243,11 @@ impl BlockTable {
         }
     }
 
+    /// The hash the table's chain starts from (its salt's).
+    pub fn root(&self) -> BlockHash {
+        self.root
+    }
+
     /// Block ids, in position order.
     pub fn blocks(&self) -> &[u32] {
         &self.blocks

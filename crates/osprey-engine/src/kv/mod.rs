@@ -9,4 +9,4 @@ pub use block_allocator::BlockAllocator;
 pub use manager::{
     BlockTable, EvictedBlock, KvCacheCounters, KvCacheManager, KvChanges, SharedKvCacheManager,
 };
-pub use prefix_cache::{BlockHash, PrefixCache, prefix_hashes};
+pub use prefix_cache::{BlockHash, PrefixCache, chain_from, prefix_hashes};

@@ -33,8 +33,13 @@ pub fn block_hash(parent: BlockHash, tokens: &[u32]) -> BlockHash {
 /// full blocks, always leaving the last token to compute. A router hashes a prompt this way to
 /// find the worker holding most of it.
 pub fn prefix_hashes(salt: &str, tokens: &[u32]) -> Vec<BlockHash> {
+    chain_from(root_hash(salt), tokens)
+}
+
+/// [`prefix_hashes`] from a chain's root hash (a [`super::BlockTable`]'s).
+pub fn chain_from(root: BlockHash, tokens: &[u32]) -> Vec<BlockHash> {
     let max_blocks = tokens.len().saturating_sub(1) / BLOCK_SIZE;
-    let mut parent = root_hash(salt);
+    let mut parent = root;
     tokens
         .chunks_exact(BLOCK_SIZE)
         .take(max_blocks)

@@ -53,6 +53,7 @@ impl RunCaller {
             user: Some(self.user.clone()),
             groups: self.groups.clone(),
             tool_scopes: None,
+            record: Default::default(),
         }
     }
 }

@@ -139,7 +139,7 @@ impl RateLimiter {
     fn build(redis: Option<RedisLimiter>, replicas: u64) -> Self {
         if redis.is_some() {
             // The recorder first, or the gauge would be set before anything records it.
-            crate::metrics::prometheus();
+            crate::metrics::install();
             metrics::gauge!(names::RATELIMIT_REDIS_UP).set(1.0);
         }
         Self {

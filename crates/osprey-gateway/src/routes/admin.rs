@@ -3,7 +3,7 @@
 //! (`?tenant=NAME&limit=N`): the safety audit log, newest first; per-tenant feature flags:
 //! `GET /admin/flags` (`?tenant=NAME`), `PUT /admin/flags/{tenant}/{flag}` with `{"value":
 //! ...}` and `DELETE /admin/flags/{tenant}/{flag}`; the prompt registry's routes
-//! (`admin_prompts.rs`); users and the request log (`admin_users.rs`); agent runs, their
+//! (`admin_prompts.rs`); users (`admin_users.rs`); the request log (`admin_requests.rs`); agent runs, their
 //! approvals and the tool-call audit (`admin_runs.rs`); the engine's scheduling policy
 //! (`admin_engine.rs`).
 
@@ -36,6 +36,8 @@ pub fn router(state: AppState) -> Router<AppState> {
         .merge(super::admin_users::routes())
         .merge(super::admin_runs::routes())
         .merge(super::admin_engine::routes())
+        .merge(super::admin_requests::routes())
+        .merge(super::dashboard::admin_routes())
         .route_layer(axum::middleware::from_fn_with_state(state, admin_only))
 }
 

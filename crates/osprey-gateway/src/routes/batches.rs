@@ -282,6 +282,7 @@ async fn run_batch(state: &AppState, store: &Store, b: &BatchRecord) -> Result<(
         key_id: None,
         user: None,
         tool_scopes: None,
+        record: Default::default(),
     };
     tracing::info!(batch = %b.id, lines = lines.len(), "running a batch");
     let lines = lines.into_iter().enumerate().map(|(i, line)| {

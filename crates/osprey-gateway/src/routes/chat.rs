@@ -54,7 +54,8 @@ pub async fn chat_completions(
         logprobs: params.logprobs.is_some(),
         calls: answer.calls,
         timer: RequestTimer::new(&req.model, priority, usage)
-            .watched_by(state.degradation().clone()),
+            .watched_by(state.degradation().clone())
+            .recorded_in(caller.record.clone()),
     };
     let deltas = merge(choices);
     if req.sampling.streaming() {
@@ -161,6 +162,9 @@ impl ChatContext {
         if self.calls {
             for choice in &mut choices {
                 read_calls(choice);
+                let names =
+                    (choice.message.tool_calls.iter().flatten()).map(|c| c.function.name.clone());
+                self.timer.note(|n| n.tool_calls.extend(names));
             }
         }
         Ok(ChatCompletion {
@@ -220,6 +224,7 @@ impl ChatContext {
                 let delta = match delta {
                     Ok(d) => d,
                     Err(e) => {
+                        self.timer.note(|n| n.error = Some(e.message.clone()));
                         tx.send(json_event(&crate::error::error_body(&e))).await?;
                         return Ok(());
                     }
@@ -256,6 +261,10 @@ impl ChatContext {
                     });
                 }
                 let mut logprobs = logprobs;
+                let names = (pieces.iter())
+                    .flat_map(|p| p.tool_calls.iter().flatten())
+                    .filter_map(|c| c.function.name.clone());
+                self.timer.note(|n| n.tool_calls.extend(names));
                 for piece in pieces {
                     let choice = ChatChunkChoice {
                         index,

@@ -100,7 +100,8 @@ pub async fn completions(
             .collect(),
         top_logprobs: params.logprobs,
         timer: RequestTimer::new(&req.model, priority, usage)
-            .watched_by(state.degradation().clone()),
+            .watched_by(state.degradation().clone())
+            .recorded_in(caller.record.clone()),
     };
     let deltas = merge(choices);
     if req.sampling.streaming() {
@@ -242,6 +243,7 @@ impl CompletionContext {
                 let delta = match delta {
                     Ok(d) => d,
                     Err(e) => {
+                        self.timer.note(|n| n.error = Some(e.message.clone()));
                         tx.send(json_event(&crate::error::error_body(&e))).await?;
                         return Ok(());
                     }

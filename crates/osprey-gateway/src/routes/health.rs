@@ -58,8 +58,11 @@ pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-/// Prometheus text exposition.
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+/// Prometheus text exposition (404 with metrics off).
+pub async fn metrics(State(state): State<AppState>) -> axum::response::Response {
+    let Some(handle) = crate::metrics::install() else {
+        return (StatusCode::NOT_FOUND, "metrics are off (--no-metrics)").into_response();
+    };
     // Staleness is read when scraped: it grows with time, not with events.
     let library = state.library().clone();
     if let Ok(stale) = tokio::task::spawn_blocking(move || library.stale()).await {
@@ -70,6 +73,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::metrics::prometheus().render(),
+        handle.render(),
     )
+        .into_response()
 }

@@ -3,7 +3,9 @@
 mod admin;
 mod admin_engine;
 mod admin_prompts;
+mod admin_requests;
 mod admin_users;
+mod dashboard;
 pub use admin_prompts::valid_name as valid_prompt_name;
 mod admin_runs;
 pub mod auto;
@@ -33,6 +35,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::{Stream, StreamExt};
 use tower_http::catch_panic::CatchPanicLayer;
+
+use tracing::Instrument;
 
 use crate::degrade::{DEGRADED, DEGRADED_MAX_TOKENS, DEGRADED_PARTIAL_MAX_TOKENS};
 use crate::edge::{Admitted, Caller, EdgeLayer, UsageReport};
@@ -101,6 +105,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .merge(generation)
         .merge(listing)
         .merge(files)
+        .merge(dashboard::page())
         .merge(admin::router(state.clone()));
     finish(routes, state, config)
 }
@@ -120,6 +125,7 @@ fn finish(routes: Router<AppState>, state: AppState, config: &HttpConfig) -> Rou
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn(crate::telemetry::trace))
         .layer(axum::middleware::from_fn(crate::metrics::track))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .layer(CatchPanicLayer::custom(panic_response))
@@ -170,7 +176,9 @@ async fn generate<R: Routed>(
             let pipeline = p.get(flagged.or(tenant.policy.as_deref())).clone();
             let audit = pipeline.config().audit;
             let auditor = crate::safety::Auditor::new(state.audit_store(), audit, &admitted.caller);
-            let screened = crate::safety::screen(&state, &pipeline, &auditor, &body).await?;
+            let screened = crate::safety::screen(&state, &pipeline, &auditor, &body)
+                .instrument(tracing::info_span!("guard.input"))
+                .await?;
             (screened.body, Some((pipeline, screened.restore, auditor)))
         }
         None => (body, None),
@@ -189,7 +197,9 @@ async fn generate<R: Routed>(
     let applied = match prompt {
         true => {
             let (with_prompt, applied) =
-                crate::prompts::apply(&state, &admitted.caller, &flags, &body).await?;
+                crate::prompts::apply(&state, &admitted.caller, &flags, &body)
+                    .instrument(tracing::info_span!("prompt"))
+                    .await?;
             body = with_prompt;
             Some(applied)
         }
@@ -197,7 +207,9 @@ async fn generate<R: Routed>(
     };
     let mut prepared = match contextual {
         true => {
-            let prepared = crate::context::prepare(&state, &admitted.caller, &flags, &body).await?;
+            let prepared = crate::context::prepare(&state, &admitted.caller, &flags, &body)
+                .instrument(tracing::info_span!("memory"))
+                .await?;
             body = prepared.body.clone();
             Some(prepared)
         }
@@ -256,22 +268,33 @@ async fn generate<R: Routed>(
         {
             body = capped;
         }
-        let mut routed = match admitted.model.as_deref() {
-            Some(auto::AUTO) => Some(auto::route(
-                state.tiers(),
-                &admitted.caller,
-                &flags,
-                &body,
-                level,
-            )?),
-            _ => None,
-        };
+        let mut routed =
+            match admitted.model.as_deref() {
+                Some(auto::AUTO) => Some(tracing::info_span!("route").in_scope(|| {
+                    auto::route(state.tiers(), &admitted.caller, &flags, &body, level)
+                })?),
+                _ => None,
+            };
+        let span = tracing::info_span!(
+            "backend",
+            model = tracing::field::Empty,
+            tier = tracing::field::Empty
+        );
         let dispatched = match routed.as_mut() {
             Some(routed) => {
                 admitted.model = Some(routed.model.clone());
-                checked(state.clone(), admitted, routed, path, &local).await
+                span.record("model", routed.model.as_str());
+                span.record("tier", routed.tier.as_str());
+                checked(state.clone(), admitted, routed, path, &local)
+                    .instrument(span)
+                    .await
             }
-            None => dispatch(state.clone(), admitted, body, path, &local).await,
+            None => {
+                span.record("model", admitted.model.as_deref().unwrap_or_default());
+                dispatch(state.clone(), admitted, body, path, &local)
+                    .instrument(span)
+                    .await
+            }
         };
         let mut response = match dispatched {
             Ok(response) => response,
@@ -523,6 +546,11 @@ pub(crate) async fn generate_for(
 ) -> Response {
     let started = std::time::Instant::now();
     let (caller, model) = (admitted.caller.clone(), admitted.model.clone());
+    let usage = admitted.usage.clone();
+    if state.request_log().is_some() {
+        let rate = caller.tenant.log_text_sample_rate;
+        crate::request_log::sample_prompt(rate, &body, &caller.record);
+    }
     let scope = admitted.caller.tenant.cache_salt.clone();
     let key = replay::idempotency_key(headers, &scope, endpoint, &body);
     let admitted = Some(admitted);
@@ -558,8 +586,11 @@ pub(crate) async fn generate_for(
     };
     if let Some(log) = state.request_log() {
         let model = model.as_deref().unwrap_or_default();
-        let entry = crate::request_log::entry(&caller, endpoint, model, started, &mut response);
-        log.record(entry);
+        let id = headers.get(crate::upstream::REQUEST_ID);
+        let entry =
+            crate::request_log::entry(&caller, (endpoint, model), id, started, &mut response);
+        let log = log.clone();
+        response = crate::request_log::attach(log, entry, caller, usage, started, response);
     }
     response
 }
@@ -585,7 +616,7 @@ pub(crate) async fn chat_answer(
     body: serde_json::Value,
 ) -> Result<serde_json::Value, osprey_core::Error> {
     let admitted = Admitted {
-        caller: caller.clone(),
+        caller: caller.with_fresh_record(),
         model: body["model"].as_str().map(str::to_owned),
         usage: Arc::default(),
     };

@@ -101,7 +101,12 @@ pub fn run(args: K3BenchArgs) -> anyhow::Result<()> {
         anyhow::Ok(())
     })?;
     if matches!(args.part, Part::Kda | Part::All) {
-        kda::run(&args, &dir, &moefied(&dir, &gguf, args.experts, 576)?)?;
+        // Scheduling needs speed, not quality: MXFP4 experts run the fused kernel.
+        kda::run(
+            &args,
+            &dir,
+            &moefied(&dir, &gguf, args.experts, 576, "mxfp4")?,
+        )?;
     }
     Ok(())
 }
@@ -167,22 +172,32 @@ fn quantized(
     })
 }
 
-/// SmolLM2 MoEfied into `experts` experts of latent width `latent` (F16 experts, top-k 2 as
+/// SmolLM2 MoEfied into `experts` experts of latent width `latent`, in `format` (top-k 2 as
 /// written; the sweeps override it).
-fn moefied(dir: &Path, gguf: &Path, experts: usize, latent: usize) -> anyhow::Result<PathBuf> {
-    cached(dir, &format!("moefy-e{experts}-l{latent}"), |out| {
-        let input = Input::open(gguf)?;
-        let options = UpcycleOptions {
-            mode: UpcycleMode::Moefy { latent_dim: latent },
-            experts,
-            top_k: 2,
-            shards: 96,
-            expert_format: parse_format("f16")?,
-            calibration: crate::convert::calibration_tokens(&input)?,
-        };
-        upcycle(&input, out, &options, &|_| {}, &|_| {})?;
-        Ok(())
-    })
+fn moefied(
+    dir: &Path,
+    gguf: &Path,
+    experts: usize,
+    latent: usize,
+    format: &str,
+) -> anyhow::Result<PathBuf> {
+    cached(
+        dir,
+        &format!("moefy-e{experts}-l{latent}-{format}"),
+        |out| {
+            let input = Input::open(gguf)?;
+            let options = UpcycleOptions {
+                mode: UpcycleMode::Moefy { latent_dim: latent },
+                experts,
+                top_k: 2,
+                shards: 96,
+                expert_format: parse_format(format)?,
+                calibration: crate::convert::calibration_tokens(&input)?,
+            };
+            upcycle(&input, out, &options, &|_| {}, &|_| {})?;
+            Ok(())
+        },
+    )
 }
 
 /// Opens a k3 checkpoint with every MoE layer's top-k set to `k`.
@@ -291,7 +306,7 @@ fn moe(args: &K3BenchArgs, dir: &Path, gguf: &Path, texts: &Texts) -> anyhow::Re
     let mut ks: Vec<usize> = (0..).map(|i| 1usize << i).take_while(|&k| k < e).collect();
     ks.push(e);
     for &latent in &args.latent_dims {
-        let path = moefied(dir, gguf, e, latent)?;
+        let path = moefied(dir, gguf, e, latent, "f16")?;
         for &k in &ks {
             let m = open_with_top_k(&path, k)?;
             let (a, mlp, h) = m.macs_per_token();

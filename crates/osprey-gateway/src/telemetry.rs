@@ -1,0 +1,100 @@
+//! Traces: every HTTP request is one span (`request`), continuing the caller's trace when it
+//! sends a W3C `traceparent`, with the stages below it as child spans (`auth`, `rate_limit`,
+//! `guard.input`, `retrieval`, `prompt`, `route`, `engine.queue`, `engine.decode`, `tool`, ...);
+//! the trace context goes on to upstreams and workers in the `traceparent` of their requests.
+//! The spans are `tracing` spans: the binary exports them over OTLP when asked
+//! (`--otlp-endpoint`), and its JSON logs carry the request span's fields (its request id) on
+//! every line logged within it.
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::middleware::Next;
+use axum::response::Response;
+use futures_util::StreamExt;
+use opentelemetry::propagation::{Extractor, Injector};
+use opentelemetry::trace::TraceContextExt;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::upstream::REQUEST_ID;
+
+struct HeaderExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(key), HeaderValue::try_from(value)) {
+            self.0.insert(name, value);
+        }
+    }
+}
+
+/// Puts the current span's trace context into `headers` (`traceparent`), for a request this
+/// one makes.
+pub fn inject(headers: &mut HeaderMap) {
+    let cx = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut HeaderInjector(headers))
+    });
+}
+
+/// The current trace's id, when the request is traced.
+pub fn trace_id() -> Option<String> {
+    let cx = tracing::Span::current().context();
+    let span = cx.span();
+    let id = span.span_context();
+    id.is_valid().then(|| id.trace_id().to_string())
+}
+
+/// Middleware: the request's span (continuing the caller's trace), open until the response's
+/// body has been sent; and its request id (`x-request-id`: the caller's, or a new one) on the
+/// request, the response and the span.
+pub async fn trace(mut req: Request, next: Next) -> Response {
+    let route = (req.extensions().get::<MatchedPath>())
+        .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
+    let id = req
+        .headers_mut()
+        .entry(REQUEST_ID)
+        .or_insert_with(crate::upstream::new_request_id)
+        .clone();
+    let span = tracing::info_span!(
+        "request",
+        otel.name = format!("{} {route}", req.method()),
+        http.request.method = %req.method(),
+        http.route = %route,
+        request_id = id.to_str().unwrap_or_default(),
+        http.response.status_code = tracing::field::Empty,
+    );
+    let parent = opentelemetry::global::get_text_map_propagator(|p| {
+        p.extract(&HeaderExtractor(req.headers()))
+    });
+    if parent.span().span_context().is_valid() {
+        let _ = span.set_parent(parent);
+    }
+    let mut response = next.run(req).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
+    response.headers_mut().entry(REQUEST_ID).or_insert(id);
+    if axum::body::HttpBody::size_hint(response.body())
+        .exact()
+        .is_some()
+    {
+        return response; // Whole already: the span ends here.
+    }
+    let (parts, body) = response.into_parts();
+    let stream = body.into_data_stream().map(move |chunk| {
+        let _open = &span;
+        chunk
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(stream))
+}
