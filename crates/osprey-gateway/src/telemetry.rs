@@ -59,15 +59,14 @@ pub fn trace_id() -> Option<String> {
 
 /// Middleware: the request's span (continuing the caller's trace), open until the response's
 /// body has been sent; and its request id (`x-request-id`: the caller's, or a new one) on the
-/// request, the response and the span.
-pub async fn trace(mut req: Request, next: Next) -> Response {
+/// response and the span.
+pub async fn trace(req: Request, next: Next) -> Response {
     let route = (req.extensions().get::<MatchedPath>())
         .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
-    let id = req
-        .headers_mut()
-        .entry(REQUEST_ID)
-        .or_insert_with(crate::upstream::new_request_id)
-        .clone();
+    // A new id goes on the span and the response only: an `x-request-id` on the request is the
+    // caller's, and makes a non-streamed request idempotent (`replay::idempotency_key`).
+    let id =
+        (req.headers().get(REQUEST_ID).cloned()).unwrap_or_else(crate::upstream::new_request_id);
     let span = tracing::info_span!(
         "request",
         otel.name = format!("{} {route}", req.method()),

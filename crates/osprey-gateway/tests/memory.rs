@@ -423,7 +423,7 @@ async fn the_request_log_names_the_prompt_version_and_what_went_in() {
         assert_eq!(
             row["prompt"],
             json!({"name": "helper", "version": 1}),
-            "{row}"
+            "{rows}"
         );
         assert_eq!(
             (&row["tenant"], &row["status"], &row["conversation"]),

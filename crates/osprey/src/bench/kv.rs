@@ -13,6 +13,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -165,6 +166,17 @@ async fn timed(
     prompt: Vec<u32>,
     max_tokens: usize,
 ) -> anyhow::Result<(f64, usize)> {
+    timed_noting(engine, prompt, max_tokens, &AtomicU64::new(0)).await
+}
+
+/// [`timed`], also writing the time to the first token into `first` (as `f64` bits) when it
+/// comes, for a caller that may stop waiting before the end.
+async fn timed_noting(
+    engine: &Engine,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    first: &AtomicU64,
+) -> anyhow::Result<(f64, usize)> {
     let params = SamplingParams {
         temperature: 0.0,
         max_tokens,
@@ -176,7 +188,8 @@ async fn timed(
     let (mut ttft, mut n) = (None, 0);
     while let Some(d) = g.next().await {
         if d?.token.is_some() {
-            ttft.get_or_insert(start.elapsed().as_secs_f64());
+            let t = *ttft.get_or_insert(start.elapsed().as_secs_f64());
+            first.store(t.to_bits(), Ordering::Relaxed);
             n += 1;
         }
     }
@@ -329,30 +342,38 @@ fn e_level(
                     let mut out = Vec::new();
                     for turn in 1.. {
                         let prompt = conv.prompt(&e, user, turn);
-                        let r =
-                            tokio::time::timeout_at(deadline.into(), timed(&e, prompt, 32)).await;
-                        match r {
+                        let (first, start) = (AtomicU64::new(0), Instant::now());
+                        let turn = timed_noting(&e, prompt, 32, &first);
+                        match tokio::time::timeout_at(deadline.into(), turn).await {
                             Ok(Ok(x)) => out.push(x),
-                            _ => break,
+                            _ => {
+                                // Cut by the window: its TTFT counts, or while still waiting its
+                                // wait so far (a lower bound); its tokens do not.
+                                let t = match first.load(Ordering::Relaxed) {
+                                    0 => start.elapsed().as_secs_f64(),
+                                    bits => f64::from_bits(bits),
+                                };
+                                out.push((t, 0));
+                                break;
+                            }
                         }
                     }
                     out
                 })
             })
             .collect();
-        let mut ttfts = Vec::new();
-        let mut tokens = 0;
+        let (mut ttfts, mut tokens, mut turns) = (Vec::new(), 0, 0);
         for t in tasks {
             for (ttft, n) in t.await? {
                 ttfts.push(ttft);
                 tokens += n;
+                turns += usize::from(n > 0);
             }
         }
-        let turns = ttfts.len();
         let p99 = {
             ttfts.sort_by(f64::total_cmp);
             ttfts
-                .get(((turns as f64 * 0.99).ceil() as usize).clamp(1, turns.max(1)) - 1)
+                .get(((ttfts.len() as f64 * 0.99).ceil() as usize).clamp(1, ttfts.len().max(1)) - 1)
                 .copied()
                 .unwrap_or(f64::NAN)
         };
