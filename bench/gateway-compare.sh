@@ -132,15 +132,7 @@ fi
 
 # --- a sink for osprey-traced's spans: an HTTP server that takes every POST and answers 200 ---
 if has osprey-traced && [ -z "${SKIP[osprey-traced]:-}" ]; then
-  python3 - "$SINK_PORT" >"$LOGS/otlp-sink.log" 2>&1 <<'PY' &
-import http.server, sys
-class Sink(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
-    def log_message(self, *a): pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
-PY
+  python3 bench/otlp-sink.py "$SINK_PORT" >"$LOGS/otlp-sink.log" 2>&1 &
   STARTED+=($!)
 fi
 

@@ -22,15 +22,7 @@ cleanup() { [ ${#PIDS[@]} -gt 0 ] && kill "${PIDS[@]}" 2>/dev/null; rm -rf "$WOR
 trap cleanup EXIT
 
 # An OTLP sink: takes every POST, answers 200.
-python3 - 18516 >/dev/null 2>&1 <<'PY' &
-import http.server, sys
-class Sink(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
-    def log_message(self, *a): pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
-PY
+python3 bench/otlp-sink.py 18516 >/dev/null 2>&1 &
 PIDS+=($!)
 
 serve() {  # NAME PORT FLAGS...

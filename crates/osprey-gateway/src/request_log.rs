@@ -85,7 +85,7 @@ pub fn entry(
         None => {
             let id = request_id
                 .cloned()
-                .unwrap_or_else(crate::upstream::new_request_id);
+                .unwrap_or_else(crate::telemetry::request_id);
             headers.insert(crate::upstream::REQUEST_ID, id.clone());
             id.to_str().unwrap_or_default().to_owned()
         }

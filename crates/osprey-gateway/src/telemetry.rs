@@ -40,6 +40,19 @@ impl Injector for HeaderInjector<'_> {
     }
 }
 
+tokio::task_local! {
+    /// The id of the request this task is answering (set by [`trace`]).
+    static REQUEST: HeaderValue;
+}
+
+/// The id of the request this task is answering (the caller's `x-request-id`, or the one
+/// [`trace`] made for it), or a new one outside a request.
+pub fn request_id() -> HeaderValue {
+    REQUEST
+        .try_with(HeaderValue::clone)
+        .unwrap_or_else(|_| crate::upstream::new_request_id())
+}
+
 /// Puts the current span's trace context into `headers` (`traceparent`), for a request this
 /// one makes.
 pub fn inject(headers: &mut HeaderMap) {
@@ -59,7 +72,7 @@ pub fn trace_id() -> Option<String> {
 
 /// Middleware: the request's span (continuing the caller's trace), open until the response's
 /// body has been sent; and its request id (`x-request-id`: the caller's, or a new one) on the
-/// response and the span.
+/// span, the response, and for [`request_id`] (the request log's row, upstream requests).
 pub async fn trace(req: Request, next: Next) -> Response {
     let route = (req.extensions().get::<MatchedPath>())
         .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
@@ -81,7 +94,8 @@ pub async fn trace(req: Request, next: Next) -> Response {
     if parent.span().span_context().is_valid() {
         let _ = span.set_parent(parent);
     }
-    let mut response = next.run(req).instrument(span.clone()).await;
+    let answer = next.run(req).instrument(span.clone());
+    let mut response = REQUEST.scope(id.clone(), answer).await;
     span.record("http.response.status_code", response.status().as_u16());
     response.headers_mut().entry(REQUEST_ID).or_insert(id);
     if axum::body::HttpBody::size_hint(response.body())

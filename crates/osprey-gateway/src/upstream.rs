@@ -151,7 +151,7 @@ impl Upstream {
         // Every attempt carries the same id, so an upstream can tell a retry from a new request.
         let request_id = headers
             .entry(REQUEST_ID)
-            .or_insert_with(new_request_id)
+            .or_insert_with(crate::telemetry::request_id)
             .clone();
         crate::telemetry::inject(&mut headers);
         let body = match &self.remote_model {

@@ -225,3 +225,22 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("binding an ephemeral port")
 }
+
+/// A child process (a server under test), killed and reaped when dropped.
+pub struct Process(pub std::process::Child);
+
+impl Process {
+    /// Starts `cmd` with its stdin closed.
+    pub fn spawn(cmd: &mut std::process::Command) -> Self {
+        let child = (cmd.stdin(std::process::Stdio::null()).spawn())
+            .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
+        Self(child)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -4,21 +4,13 @@
 //! log. A screenshot is saved (`OSPREY_DASHBOARD_SCREENSHOT`, default in the temp dir).
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use osprey_testkit::Process;
 use serde_json::Value;
 
 const ADMIN: &str = "dashboard-test-admin";
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
@@ -39,13 +31,11 @@ async fn the_page_charts_streams_a_playground_answer_and_shows_its_request() {
     let dir = std::env::temp_dir().join(format!("osprey-dashboard-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let store = format!("sqlite://{}", dir.join("store.db").display());
-    let _server = Process(
+    let _server = Process::spawn(
         Command::new(env!("CARGO_BIN_EXE_osprey"))
             .args(["serve", "--port", &port, "--model", model.to_str().unwrap()])
             .args(["--store", &store, "--admin-key", ADMIN, "--threads", "2"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("starting osprey"),
+            .stdout(Stdio::null()),
     );
     let url = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();

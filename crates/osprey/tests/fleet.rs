@@ -4,34 +4,22 @@
 //! servers (two `osprey serve`, which have no worker protocol): requests go where their prompt
 //! was sent before.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use osprey_testkit::Process;
 use serde_json::{Value, json};
 
 const NAME: &str = "smollm2-135m-instruct";
 
-/// A child process, killed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Process {
-    fn start(args: &[&str]) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_osprey"))
+/// `osprey ARGS`, killed when dropped.
+fn start(args: &[&str]) -> Process {
+    Process::spawn(
+        Command::new(env!("CARGO_BIN_EXE_osprey"))
             .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("starting osprey");
-        Self(child)
-    }
+            .stdout(Stdio::null()),
+    )
 }
 
 struct Fleet {
@@ -84,7 +72,7 @@ async fn fleet_of(kind: &str, policy: &str) -> Fleet {
         if kind == "serve" {
             args.extend(["--store", &store_url]);
         }
-        worker_processes.push(Process::start(&args));
+        worker_processes.push(start(&args));
         workers.push(format!("http://127.0.0.1:{port}"));
         stores.push(store);
     }
@@ -99,7 +87,7 @@ async fn fleet_of(kind: &str, policy: &str) -> Fleet {
     for w in &workers {
         args.extend(["--worker", w]);
     }
-    let gateway = Process::start(&args);
+    let gateway = start(&args);
     let fleet = Fleet {
         gateway: format!("http://127.0.0.1:{port}"),
         workers,

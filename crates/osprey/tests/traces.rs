@@ -6,12 +6,13 @@
 //! tokens and timings, and (the tenant sampling all text) its prompt with the e-mail address
 //! redacted.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use osprey_testkit::Process;
 use prost::Message;
 use serde_json::{Value, json};
 
@@ -19,24 +20,13 @@ use serde_json::{Value, json};
 const ROOT: &str = "POST /v1/chat/completions";
 const ADMIN: &str = "traces-test-admin";
 
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start(args: &[&str]) -> Process {
-    let child = Command::new(env!("CARGO_BIN_EXE_osprey"))
-        .args(args)
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting osprey");
-    Process(child)
+    Process::spawn(
+        Command::new(env!("CARGO_BIN_EXE_osprey"))
+            .args(args)
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .stdout(Stdio::null()),
+    )
 }
 
 /// A received span: (service, name, span id, parent id, trace id).
