@@ -14,6 +14,8 @@
 //! - **Whose**: an answer given with a user's memory or conversation in its prompt is that
 //!   user's: its key's scope names the user, and [`ResponseCache::forget`] drops every answer
 //!   of a user (deleting the user does).
+//! - **Skipped**: `"osprey": {"cache": false}` asks for a fresh answer, neither looked up nor
+//!   kept (offline evaluation measures the model, not the cache).
 //! - **Seen**: `x-osprey-cache: hit` or `miss` on every cacheable answer, and
 //!   `osprey_response_cache_total{result}`.
 
@@ -65,7 +67,8 @@ pub struct Slot {
 pub fn key(scope: &str, path: &str, body: &[u8]) -> Option<Key> {
     let mut v: Value = serde_json::from_slice(body).ok()?;
     let deterministic = v["temperature"].as_f64() == Some(0.0) || v["seed"].is_number();
-    if !deterministic || v["n"].as_u64().is_some_and(|n| n > 1) {
+    let skipped = v["osprey"]["cache"] == Value::Bool(false);
+    if !deterministic || skipped || v["n"].as_u64().is_some_and(|n| n > 1) {
         return None;
     }
     let object = v.as_object_mut()?;

@@ -109,6 +109,20 @@ async fn a_deterministic_answer_is_generated_once() {
     assert_eq!(none, None);
     let (other, _) = ask(&base, &question("Name a colour.", json!({"max_tokens": 5}))).await;
     assert_eq!(other.as_deref(), Some("miss"));
+
+    // A request that asks for a fresh answer is neither served from the cache nor kept.
+    let fresh = question("Name a colour.", json!({"osprey": {"cache": false}}));
+    let (skipped, again) = ask(&base, &fresh).await;
+    assert_eq!(skipped, None);
+    assert_eq!(text(&again), text(&serde_json::to_string(&answer).unwrap()));
+    let (still, _) = ask(
+        &base,
+        &question("Name a sport.", json!({"osprey": {"cache": false}})),
+    )
+    .await;
+    assert_eq!(still, None);
+    let (never_kept, _) = ask(&base, &question("Name a sport.", json!({}))).await;
+    assert_eq!(never_kept.as_deref(), Some("miss"));
 }
 
 #[tokio::test]

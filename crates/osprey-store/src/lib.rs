@@ -6,7 +6,7 @@
 //! audit log ([`audit`]), conversations ([`conversations`]), users' layered memory
 //! ([`memory`]), the prompt registry ([`prompts`]), per-tenant feature flags ([`flags`]),
 //! the request log ([`request_log`]) and agent runs with their steps and tool-call audit
-//! ([`runs`]); [`users`] forgets a user in one call. Postgres
+//! ([`runs`]) and offline evaluation runs ([`eval`]); [`users`] forgets a user in one call. Postgres
 //! (`postgres://...`) is the scaled backend behind the same interface: one set of queries
 //! through sqlx's `Any` driver, a migration directory per backend, and [`testing`] runs every
 //! store test against both.
@@ -25,6 +25,7 @@
 pub mod audit;
 pub mod batches;
 pub mod conversations;
+pub mod eval;
 pub mod flags;
 pub mod keys;
 pub mod memory;
@@ -43,6 +44,7 @@ use sqlx::any::AnyPoolOptions;
 pub use audit::AuditEntry;
 pub use batches::{BatchRecord, FileRecord};
 pub use conversations::{ConversationRecord, ItemPage, ItemRecord, NewItem, Owner};
+pub use eval::EvalRunRecord;
 pub use flags::FlagRecord;
 pub use keys::{CreatedKey, KeyRecord, NewKey};
 pub use memory::{FactRecord, SummaryRecord, WorkingRecord};

@@ -42,6 +42,9 @@ pub enum Command {
     Users(crate::users::UsersArgs),
     /// Agent runs on a server: list, show, approve or reject a waiting call, the tool audit.
     Runs(crate::runs::RunsArgs),
+    /// Offline evaluation: run suites against a route, compare runs with confidence
+    /// intervals, gate a rollout on regressions, replay the request log (docs/eval.md).
+    Eval(crate::eval::EvalArgs),
     /// Ingest files or folders into a document collection (PDF, HTML, Markdown, text, JSONL).
     Ingest(crate::rag::IngestArgs),
     /// Search a document collection.

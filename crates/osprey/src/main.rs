@@ -5,6 +5,7 @@ mod bench;
 mod cli;
 mod config;
 mod convert;
+mod eval;
 mod flags;
 mod keys;
 mod models;
@@ -56,6 +57,7 @@ fn run() -> anyhow::Result<()> {
         cli::Command::Flags(args) => flags::run(args),
         cli::Command::Users(args) => users::run(args),
         cli::Command::Runs(args) => runs::run(args),
+        cli::Command::Eval(args) => eval::run(args),
         cli::Command::Ingest(args) => rag::ingest(args),
         cli::Command::Search(args) => rag::search(args),
         cli::Command::Config(cli::ConfigCommand::Check { file }) => config::check(&file),

@@ -7,7 +7,8 @@ use std::process::Command;
 
 fn help(subcommand: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_osprey"))
-        .args([subcommand, "--help"])
+        .args(subcommand.split(' '))
+        .arg("--help")
         .output()
         .expect("running osprey --help");
     assert!(out.status.success());
@@ -27,7 +28,7 @@ fn variables(text: &str) -> BTreeSet<String> {
     found
 }
 
-/// The subcommand and flags of each `args: [...]` line.
+/// The subcommand (with its own subcommand: `eval replay`) and flags of each `args: [...]` line.
 fn invocations(text: &str) -> Vec<(String, Vec<String>)> {
     text.lines()
         .filter_map(|l| l.trim().strip_prefix("args: ["))
@@ -40,7 +41,8 @@ fn invocations(text: &str) -> Vec<(String, Vec<String>)> {
                 .filter(|i| i.starts_with("--"))
                 .cloned()
                 .collect();
-            (items[0].clone(), flags)
+            let words = items.iter().take_while(|i| !i.starts_with("--"));
+            (words.take(2).cloned().collect::<Vec<_>>().join(" "), flags)
         })
         .collect()
 }
@@ -53,7 +55,7 @@ fn every_flag_and_variable_in_deploy_exists_in_the_cli() {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
         for (subcommand, flags) in invocations(&text) {
-            if !matches!(subcommand.as_str(), "serve" | "worker") {
+            if !matches!(subcommand.as_str(), "serve" | "worker" | "eval replay") {
                 continue;
             }
             let help = help(&subcommand);

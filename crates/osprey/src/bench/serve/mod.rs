@@ -6,11 +6,15 @@
 //! interleaved (A B A B ...), and prints how many times better the first one is. Prompts are
 //! generated from `--seed` with the model's tokenizer, so every run has the same shape (token
 //! counts, shared prefixes) and any seed can be used to re-measure on fresh text.
+//!
+//! With `--sweep SUITE` it runs an eval suite instead, at each concurrency and context length,
+//! and reports its pass rate beside its latency ([`sweep`]).
 
 mod chart;
 mod client;
 mod engine_stats;
 mod report;
+mod sweep;
 pub(crate) mod workload;
 
 use std::path::PathBuf;
@@ -91,6 +95,13 @@ pub struct ServeBenchArgs {
     /// Pids of the other servers, in order.
     #[arg(long)]
     pub compare_pid: Vec<u32>,
+    /// Evaluate under load instead: run this eval suite (docs/eval.md) at each --concurrency
+    /// and --context, its pass rate and latency reported together (a table, --json, --chart).
+    #[arg(long)]
+    pub sweep: Option<PathBuf>,
+    /// --sweep: context lengths, in tokens of unrelated text put before each case's input.
+    #[arg(long, value_delimiter = ',', default_value = "0,1000")]
+    pub context: Vec<usize>,
     /// Measure nothing: merge the levels of these earlier `--json` reports (comma-separated),
     /// print them and draw `--chart`.
     #[arg(long, value_delimiter = ',')]
@@ -123,6 +134,9 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
     };
     let tokenizer =
         Tokenizer::from_gguf(&GgufFile::open(&path)?).context("loading the tokenizer")?;
+    if let Some(suite) = &args.sweep {
+        return sweep::run(&args, suite, &tokenizer);
+    }
     let shape = Shape {
         concurrency: match (args.workload, args.concurrency.is_empty()) {
             (_, false) => args.concurrency.clone(),
