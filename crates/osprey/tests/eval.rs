@@ -78,7 +78,7 @@ async fn suites_compare_gate_and_replay_on_the_real_model() {
         assert!(ok, "{err}");
     };
     push(
-        "[[messages]]\nrole = \"system\"\ncontent = \"Answer the question in a short sentence.\"\n",
+        "[settings]\nmax_tokens = 24\n\n[[messages]]\nrole = \"system\"\ncontent = \"Answer the question in a short sentence.\"\n",
     );
     push(
         "[settings]\nmax_tokens = 2\n\n[[messages]]\nrole = \"system\"\ncontent = \"Be brief.\"\n",
