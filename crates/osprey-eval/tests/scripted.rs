@@ -28,7 +28,14 @@ async fn chat(Json(body): Json<Value>) -> Json<Value> {
             "usage": {"prompt_tokens": 20, "completion_tokens": 9}}),
         );
     }
-    let text = if question.contains("capital") {
+    let text = if question.contains("Rubric:") {
+        // The judge: a polite answer passes.
+        if question.contains("Hello there") {
+            "PASS. It greets."
+        } else {
+            "FAIL: no greeting."
+        }
+    } else if question.contains("capital") {
         if good { "Paris." } else { "Lyon." }
     } else if question.contains("2 + 3") {
         if good { "It is 5." } else { "It is 6." }
@@ -124,6 +131,8 @@ fn suite() -> Suite {
         json!({"id": "tool", "messages": [{"role": "user", "content": "Weather?"}], "params": {"tools": [{"type": "function", "function": {"name": "get_weather"}}]},
                "checks": [{"type": "tool_call", "name": "get_weather", "arguments": {"city": "oslo"}}]}),
         json!({"id": "cite", "messages": [{"role": "user", "content": "Hi"}], "checks": [{"type": "retrieval_hit", "document": "doc-7"}, {"type": "similar", "value": "Hello there!", "min": 0.95}]}),
+        json!({"id": "greet", "messages": [{"role": "user", "content": "Greet me"}], "checks": [{"type": "judge", "rubric": "The answer greets the user."}, {"type": "contains", "value": "Hello"}]}),
+        json!({"id": "greet-judged-only", "messages": [{"role": "user", "content": "2 + 3? (judged)"}], "checks": [{"type": "judge", "rubric": "The answer greets the user."}]}),
         json!({"id": "refuse", "messages": [{"role": "user", "content": "Block me"}], "checks": [{"type": "error", "code": "content_policy_violation"}]}),
         json!({"id": "ppl", "checks": [{"type": "perplexity", "text": "four tokens of text", "max": 3.0}]}),
     ]);
@@ -157,10 +166,19 @@ async fn runs_compare_and_gate_on_scripted_answers() {
         .filter(|c| !c.pass)
         .map(|c| (c.id.as_str(), &c.checks))
         .collect();
-    assert!(failing.is_empty(), "{failing:?}");
+    // Only the case the judge fails (its answer greets no one).
+    assert_eq!(failing.len(), 1, "{failing:?}");
+    assert_eq!(failing[0].0, "greet-judged-only");
+    assert!(failing[0].1[0].detail.starts_with("FAIL"), "{failing:?}");
     let s = good.summary();
-    assert_eq!((s.cases, s.passed, s.errors), (25, 25, 0));
+    assert_eq!((s.cases, s.passed, s.errors), (27, 26, 0));
     assert_eq!(s.by_checker["perplexity"], (1, 1));
+    assert_eq!(s.by_checker["judge"], (1, 2));
+    assert_eq!(
+        s.judge_agreement,
+        Some((1, 1)),
+        "the judge agreed with `contains`"
+    );
 
     let bad = run_suite(
         &suite,
@@ -170,16 +188,14 @@ async fn runs_compare_and_gate_on_scripted_answers() {
     )
     .await;
     let failed = bad.cases.iter().filter(|c| !c.pass);
-    assert!(
-        failed
-            .clone()
-            .all(|c| c.id.starts_with("capital-") || c.id.starts_with("sum-"))
-    );
-    assert_eq!(failed.count(), 20);
+    assert!(failed.clone().all(|c| c.id.starts_with("capital-")
+        || c.id.starts_with("sum-")
+        || c.id == "greet-judged-only"));
+    assert_eq!(failed.count(), 21);
 
     let worse = Comparison::new(&good, &bad, 0.95);
     assert_eq!(worse.flips.len(), 20);
-    // 20 of 25 flipped: the pass rate fell by 0.8, certainly by more than half of that.
+    // 20 of 27 flipped: the pass rate fell by 0.74, certainly by more than 0.4.
     assert!(worse.gate("pass", 0.05).is_err());
     assert!(worse.gate("pass", 0.4).is_err());
     assert!(worse.gate("pass", 0.95).is_ok());
