@@ -98,6 +98,8 @@ async fn suites_compare_gate_and_replay_on_the_real_model() {
                 model.to_str().unwrap(),
                 "--threads",
                 "2",
+                "--served-model-name",
+                "smollm2-135m-instruct",
             ])
             .args([
                 "--store",
