@@ -5,7 +5,39 @@
 use std::collections::BTreeMap;
 
 use osprey_core::Priority;
+use osprey_policy::pipeline::PolicyConfig;
 use serde::Deserialize;
+
+/// The config file as TOML gives it: its tables, and its top-level keys (the flags of
+/// `osprey serve`, by their long names) left as values for the binary to turn into arguments.
+#[derive(Debug, Default, Deserialize)]
+pub struct ConfigTables {
+    /// `[tenants.NAME]`.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantConfig>,
+    /// `[models.NAME]`: upstream models.
+    #[serde(default)]
+    pub models: BTreeMap<String, UpstreamConfig>,
+    /// `[[tiers]]`.
+    #[serde(default)]
+    pub tiers: Vec<TierConfig>,
+    /// `[policies.NAME]`.
+    #[serde(default)]
+    pub policies: BTreeMap<String, PolicyConfig>,
+    /// `[agent]`.
+    #[serde(default)]
+    pub agent: osprey_agent::AgentConfig,
+    /// Everything else: the flags.
+    #[serde(flatten)]
+    pub flags: BTreeMap<String, toml::Value>,
+}
+
+impl ConfigTables {
+    /// Parses the text of a config file; errors name the line.
+    pub fn parse(text: &str) -> Result<Self, toml::de::Error> {
+        toml::from_str(text)
+    }
+}
 
 /// A tenant: who a key acts for, with its limits and policy.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]

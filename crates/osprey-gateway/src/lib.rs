@@ -127,15 +127,57 @@ fn sample_load(state: AppState) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// How long a client has to send a request's headers. (hyper's own default applies only with a
+/// timer, which `axum::serve` does not set: a slowloris client could hold a connection open
+/// for ever, one byte at a time.)
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a request body may go without sending anything before the request is failed.
+pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves `app` (from [`router`] or [`worker_router`]) on `listener` until `shutdown`
-/// completes, then finishes in-flight requests.
+/// completes, then finishes in-flight requests. HTTP/1.1, with [`HEADER_READ_TIMEOUT`] and
+/// [`BODY_IDLE_TIMEOUT`].
 pub async fn serve_router(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
     metrics::install();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, most likely: wait for some to close rather than spin.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let service = tower::ServiceBuilder::new()
+            .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+                BODY_IDLE_TIMEOUT,
+            ))
+            .service(app.clone());
+        let service = hyper_util::service::TowerToHyperService::new(service);
+        let connection = http.serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }

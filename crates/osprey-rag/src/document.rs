@@ -106,8 +106,7 @@ pub fn parse(name: &str, source: &str, bytes: &[u8]) -> Result<Vec<Document>, Ra
     let one = if lower.ends_with(".jsonl") || lower.ends_with(".ndjson") {
         return records(source, &utf8()?).map_err(bad);
     } else if lower.ends_with(".pdf") {
-        let text = pdf_extract::extract_text_from_mem(&bytes)
-            .map_err(|e| bad(format!("no text could be read from this PDF: {e}")))?;
+        let text = pdf_text(&bytes).map_err(|e| bad(format!("no text could be read from this PDF: {e}")))?;
         document(stem, clean(&text), Format::Pdf)
     } else if lower.ends_with(".html") || lower.ends_with(".htm") {
         let (title, text) = html(&utf8()?).map_err(bad)?;
@@ -129,14 +128,34 @@ pub fn parse(name: &str, source: &str, bytes: &[u8]) -> Result<Vec<Document>, Ra
     Ok(vec![one])
 }
 
+/// The most a gzipped document may unpack to: a small upload must not become gigabytes.
+const MAX_UNPACKED_BYTES: u64 = 64 << 20;
+
 /// `bytes`, gunzipped if they start with gzip's magic.
 fn gunzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
     if !bytes.starts_with(&[0x1f, 0x8b]) {
         return Ok(bytes.to_vec());
     }
     let mut out = Vec::new();
-    flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut out)?;
+    (flate2::read::MultiGzDecoder::new(bytes).take(MAX_UNPACKED_BYTES + 1)).read_to_end(&mut out)?;
+    if out.len() as u64 > MAX_UNPACKED_BYTES {
+        return Err(std::io::Error::other(format!(
+            "it unpacks to more than {} MiB",
+            MAX_UNPACKED_BYTES >> 20
+        )));
+    }
     Ok(out)
+}
+
+/// The text of a PDF. The PDF reader panics on some malformed files rather than returning an
+/// error (found by the `ingest` fuzz target); such a file is refused like any unreadable one.
+fn pdf_text(bytes: &[u8]) -> Result<String, String> {
+    let read = std::panic::catch_unwind(|| pdf_extract::extract_text_from_mem(bytes));
+    match read {
+        Ok(Ok(text)) => Ok(text),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the file is malformed".to_owned()),
+    }
 }
 
 fn file_stem(name: &str) -> String {
@@ -236,6 +255,28 @@ pub fn clean(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gzip_bomb_is_refused_rather_than_unpacked() {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..(MAX_UNPACKED_BYTES >> 20) + 1 {
+            gz.write_all(&zeros).unwrap();
+        }
+        let bomb = gz.finish().unwrap();
+        assert!(bomb.len() < 1 << 20, "a small upload: {} bytes", bomb.len());
+        let e = parse("bomb.txt.gz", "upload", &bomb).unwrap_err().to_string();
+        assert!(e.contains("more than 64 MiB"), "{e}");
+    }
+
+    #[test]
+    fn a_malformed_pdf_is_an_error_not_a_panic() {
+        // Shapes that made the PDF reader panic under the `ingest` fuzz target.
+        for bytes in [&b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\ntrailer\n<< /Root 1 0 R >>\n%%EOF"[..], b"%PDF-"] {
+            assert!(parse("x.pdf", "upload", bytes).is_err());
+        }
+    }
 
     #[test]
     fn records_name_themselves_and_keep_their_metadata() {

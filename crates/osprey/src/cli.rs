@@ -146,6 +146,10 @@ pub struct ServeArgs {
     /// Record no metrics (`/metrics` answers 404): for measuring their cost.
     #[arg(long, env = "OSPREY_NO_METRICS")]
     pub no_metrics: bool,
+    /// Serve `POST /admin/faults/panic` (behind the admin key), whose handler panics: for the
+    /// reliability suites (reliability/chaos.sh). Never in production.
+    #[arg(long, env = "OSPREY_FAULT_INJECTION")]
+    pub fault_injection: bool,
     /// Requests per minute of tenants that set none.
     #[arg(long, env = "OSPREY_DEFAULT_RPM", default_value_t = 6_000)]
     pub default_rpm: u64,

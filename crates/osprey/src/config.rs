@@ -55,9 +55,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
-use osprey_gateway::config::{TenantConfig, TierConfig, UpstreamConfig};
+use osprey_gateway::config::{ConfigTables, TenantConfig, TierConfig, UpstreamConfig};
 use osprey_policy::pipeline::PolicyConfig;
-use serde::Deserialize;
 
 use crate::cli::{Cli, Command, ServeArgs};
 
@@ -74,29 +73,13 @@ pub struct ConfigFile {
     pub agent: osprey_agent::AgentConfig,
 }
 
-#[derive(Deserialize)]
-struct Shape {
-    #[serde(default)]
-    tenants: BTreeMap<String, TenantConfig>,
-    #[serde(default)]
-    models: BTreeMap<String, UpstreamConfig>,
-    #[serde(default)]
-    tiers: Vec<TierConfig>,
-    #[serde(default)]
-    policies: BTreeMap<String, PolicyConfig>,
-    #[serde(default)]
-    agent: osprey_agent::AgentConfig,
-    #[serde(flatten)]
-    flags: BTreeMap<String, toml::Value>,
-}
-
 impl ConfigFile {
     /// Reads and parses `path`; errors name the line.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the config file {}", path.display()))?;
-        let shape: Shape =
-            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let shape = ConfigTables::parse(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         Ok(Self {
             path: path.to_owned(),
             text,

@@ -365,6 +365,7 @@ async fn serve(
     tracing::info!(%addr, models = ?models, store = %store_url, limits = if args.redis.is_some() { "shared (Redis)" } else { "local" }, "listening; {access}");
     let http = HttpConfig {
         max_body_bytes: args.max_body_bytes,
+        fault_injection: args.fault_injection,
     };
     osprey_gateway::serve(listener, state, &http, shutdown_signal()).await?;
     Ok(())

@@ -26,6 +26,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         tracing::info!(%addr, model = state.model_name(), "worker listening");
         let http = HttpConfig {
             max_body_bytes: args.max_body_bytes,
+            fault_injection: false,
         };
         osprey_gateway::serve_worker(listener, state, &http, shutdown_signal()).await?;
         Ok(())

@@ -21,9 +21,13 @@ use serde::Deserialize;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// The admin routes, each behind [`admin_only`].
-pub fn router(state: AppState) -> Router<AppState> {
-    Router::new()
+/// The admin routes, each behind [`admin_only`]; with `faults`, the fault-injection route too.
+pub fn router(state: AppState, faults: bool) -> Router<AppState> {
+    let routes = match faults {
+        true => super::faults::routes(),
+        false => Router::new(),
+    };
+    routes
         .route("/admin/keys", get(list_keys).post(create_key))
         .route("/admin/keys/{id}", delete(revoke_key))
         .route("/admin/audit", get(audit_log))

@@ -15,6 +15,7 @@ pub mod collections;
 mod completions;
 pub mod conversations;
 mod embeddings;
+mod faults;
 mod health;
 mod memory;
 mod models;
@@ -58,12 +59,16 @@ pub const FINGERPRINT: &str = concat!("osprey-", env!("CARGO_PKG_VERSION"));
 pub struct HttpConfig {
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// Serve the admin route that injects faults (`POST /admin/faults/panic`), for the
+    /// reliability suites; off in production.
+    pub fault_injection: bool,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             max_body_bytes: 4 << 20,
+            fault_injection: false,
         }
     }
 }
@@ -106,7 +111,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .merge(listing)
         .merge(files)
         .merge(dashboard::page())
-        .merge(admin::router(state.clone()));
+        .merge(admin::router(state.clone(), config.fault_injection));
     finish(routes, state, config)
 }
 
