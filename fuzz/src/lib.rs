@@ -198,7 +198,14 @@ pub fn checkpoint_header(data: &[u8]) {
 /// JSONL, gzip), parsed and chunked.
 pub fn ingest(data: &[u8]) {
     const NAMES: [&str; 8] = [
-        "doc.pdf", "doc.html", "doc.md", "doc.txt", "doc.jsonl", "doc.md.gz", "doc.pdf.gz", "doc",
+        "doc.pdf",
+        "doc.html",
+        "doc.md",
+        "doc.txt",
+        "doc.jsonl",
+        "doc.md.gz",
+        "doc.pdf.gz",
+        "doc",
     ];
     let Some((&first, bytes)) = data.split_first() else {
         return;

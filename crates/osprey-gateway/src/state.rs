@@ -328,6 +328,11 @@ impl AppState {
         }
     }
 
+    /// Why the local model failed to load, if it did.
+    pub fn load_error(&self) -> Option<&str> {
+        (self.inner.local.as_ref()).and_then(|l| l.load_error.get().map(String::as_str))
+    }
+
     /// The local model's name, if this server runs one.
     pub fn model_name(&self) -> Option<&str> {
         self.inner.local.as_ref().map(|l| l.name.as_str())

@@ -202,11 +202,27 @@ impl Upstream {
             let mut meter = StreamMeter::new(usage);
             let name = self.name.clone();
             let chunks = response.bytes_stream().map(move |chunk| match chunk {
-                Ok(bytes) => {
-                    meter.feed(&bytes);
-                    Ok(bytes)
-                }
-                Err(e) => Err(disconnected_event(&name, &e)),
+                Ok(bytes) => match meter.feed(&bytes) {
+                    Ok(()) => Ok(bytes),
+                    Err(NotJson) => Err(stream_error_event(
+                        &name,
+                        "invalid",
+                        Error::new(
+                            ErrorKind::BadGateway,
+                            format!("The upstream for `{name}` sent an event that is not JSON."),
+                        )
+                        .with_code("upstream_invalid_response"),
+                    )),
+                },
+                Err(e) => Err(stream_error_event(
+                    &name,
+                    "disconnected",
+                    Error::new(
+                        ErrorKind::BadGateway,
+                        format!("The upstream for `{name}` broke off the stream: {e}"),
+                    )
+                    .with_code("upstream_disconnected"),
+                )),
             });
             // After the error event, nothing more.
             let chunks = chunks.scan(false, |ended, chunk| {
@@ -228,6 +244,17 @@ impl Upstream {
                     format!("Reading the upstream's answer failed: {e}"),
                 )
             })?;
+            if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err() {
+                self.count("invalid");
+                return Err(Error::new(
+                    ErrorKind::BadGateway,
+                    format!(
+                        "The upstream for `{}` answered with invalid JSON.",
+                        self.name
+                    ),
+                )
+                .with_code("upstream_invalid_response"));
+            }
             if let Some(u) = usage_of(&bytes) {
                 usage.set(u.prompt_tokens as u64, u.completion_tokens as u64);
             }
@@ -424,15 +451,11 @@ fn upstream_error(model: &str, status: StatusCode, body: &str) -> Error {
     e
 }
 
-/// The SSE event that ends a stream the upstream broke off, in OpenAI's error shape.
-fn disconnected_event(model: &str, e: &reqwest::Error) -> Bytes {
-    metrics::counter!(names::UPSTREAM_REQUESTS, "model" => model.to_owned(), "outcome" => "disconnected")
+/// The SSE event that ends a stream the upstream broke off or filled with garbage, in
+/// OpenAI's error shape; counted under `outcome`.
+fn stream_error_event(model: &str, outcome: &'static str, error: Error) -> Bytes {
+    metrics::counter!(names::UPSTREAM_REQUESTS, "model" => model.to_owned(), "outcome" => outcome)
         .increment(1);
-    let error = Error::new(
-        ErrorKind::BadGateway,
-        format!("The upstream for `{model}` broke off the stream: {e}"),
-    )
-    .with_code("upstream_disconnected");
     let envelope = serde_json::to_string(&crate::error::error_body(&error))
         .expect("an error envelope serialises");
     format!("data: {envelope}\n\n").into()
@@ -446,6 +469,9 @@ struct WithUsage {
 fn usage_of(bytes: &[u8]) -> Option<Usage> {
     serde_json::from_slice::<WithUsage>(bytes).ok()?.usage
 }
+
+/// An upstream's stream event whose data is not JSON.
+struct NotJson;
 
 /// Watches an SSE stream go by: takes the usage chunk if the upstream sends one, counts
 /// content chunks otherwise, and reports when the stream is dropped.
@@ -466,7 +492,8 @@ impl StreamMeter {
         }
     }
 
-    fn feed(&mut self, bytes: &[u8]) {
+    /// Reads `bytes` of the stream; an event whose data is not JSON (nor `[DONE]`) is an error.
+    fn feed(&mut self, bytes: &[u8]) -> Result<(), NotJson> {
         for &b in bytes {
             if b != b'\n' {
                 self.line.push(b);
@@ -480,11 +507,14 @@ impl StreamMeter {
                         && let Some(u) = usage_of(data)
                     {
                         self.reported = Some(u);
+                    } else if serde_json::from_slice::<serde::de::IgnoredAny>(data).is_err() {
+                        return Err(NotJson);
                     }
                 }
             }
             self.line.clear();
         }
+        Ok(())
     }
 }
 

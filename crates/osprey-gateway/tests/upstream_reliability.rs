@@ -237,3 +237,55 @@ fn a_fallback_must_be_another_served_model() {
     let a = Upstream::new("a", &config(&["a"]), http_client()).unwrap();
     assert!(check_fallbacks(&[a], Some("a")).is_err(), "not itself");
 }
+
+/// An upstream answering 200 with a body that is not JSON: a plain answer and a stream.
+async fn garbage_upstream() -> String {
+    let chat = |body: Json<Value>| async move {
+        if body["stream"] == true {
+            let events = "data: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"Hel\"}}]}\n\ndata: {not json\n\ndata: [DONE]\n\n";
+            ([("content-type", "text/event-stream")], events).into_response()
+        } else {
+            (
+                [("content-type", "application/json")],
+                "{\"choices\": [{\"message\": ",
+            )
+                .into_response()
+        }
+    };
+    let app = axum::Router::new().route("/v1/chat/completions", post(chat));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/v1")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_answering_garbage_gets_the_client_a_clean_error() {
+    let base = gateway_for("junk", garbage_upstream().await).await;
+    let client = reqwest::Client::new();
+    let ask = |stream: bool| {
+        client
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&json!({"model": "junk", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+    let (status, code) = error_code(ask(false).await.unwrap()).await;
+    assert_eq!((status, code.as_str()), (502, "upstream_invalid_response"));
+    let events = ask(true).await.unwrap().text().await.unwrap();
+    let datas: Vec<&str> = (events.lines())
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert!(
+        datas[0].contains("Hel"),
+        "the good event goes through: {events}"
+    );
+    let last: Value = serde_json::from_str(datas.last().unwrap()).unwrap();
+    assert_eq!(
+        last["error"]["code"], "upstream_invalid_response",
+        "the stream ends with an error event in the envelope: {events}"
+    );
+    assert!(
+        !events.contains("{not json"),
+        "the garbage is not relayed: {events}"
+    );
+}

@@ -44,7 +44,8 @@ impl GgufFile {
         let content = Content::read(&mut std::io::BufReader::new(&file)).map_err(|e| {
             ModelError::InvalidGguf {
                 path: display.clone(),
-                reason: e.to_string(),
+                // candle appends a backtrace to some errors: the first line says what is wrong.
+                reason: e.to_string().lines().next().unwrap_or_default().to_owned(),
             }
         })?;
         // SAFETY: the map is read-only and the file is not modified while Osprey runs; a model

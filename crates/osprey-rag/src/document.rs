@@ -106,7 +106,8 @@ pub fn parse(name: &str, source: &str, bytes: &[u8]) -> Result<Vec<Document>, Ra
     let one = if lower.ends_with(".jsonl") || lower.ends_with(".ndjson") {
         return records(source, &utf8()?).map_err(bad);
     } else if lower.ends_with(".pdf") {
-        let text = pdf_text(&bytes).map_err(|e| bad(format!("no text could be read from this PDF: {e}")))?;
+        let text = pdf_text(&bytes)
+            .map_err(|e| bad(format!("no text could be read from this PDF: {e}")))?;
         document(stem, clean(&text), Format::Pdf)
     } else if lower.ends_with(".html") || lower.ends_with(".htm") {
         let (title, text) = html(&utf8()?).map_err(bad)?;
@@ -137,7 +138,8 @@ fn gunzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
         return Ok(bytes.to_vec());
     }
     let mut out = Vec::new();
-    (flate2::read::MultiGzDecoder::new(bytes).take(MAX_UNPACKED_BYTES + 1)).read_to_end(&mut out)?;
+    (flate2::read::MultiGzDecoder::new(bytes).take(MAX_UNPACKED_BYTES + 1))
+        .read_to_end(&mut out)?;
     if out.len() as u64 > MAX_UNPACKED_BYTES {
         return Err(std::io::Error::other(format!(
             "it unpacks to more than {} MiB",
@@ -266,7 +268,9 @@ mod tests {
         }
         let bomb = gz.finish().unwrap();
         assert!(bomb.len() < 1 << 20, "a small upload: {} bytes", bomb.len());
-        let e = parse("bomb.txt.gz", "upload", &bomb).unwrap_err().to_string();
+        let e = parse("bomb.txt.gz", "upload", &bomb)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("more than 64 MiB"), "{e}");
     }
 

@@ -81,17 +81,29 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::PoolClosed
             | sqlx::Error::Tls(_)
             | sqlx::Error::WorkerCrashed => Self::Unavailable(e),
-            // The server went away mid-query (restart, failover): 57P01 admin shutdown and
-            // the other class 57 and 08 (connection) codes.
-            sqlx::Error::Database(ref d)
-                if d.code()
-                    .is_some_and(|c| c.starts_with("57") || c.starts_with("08")) =>
-            {
-                Self::Unavailable(e)
-            }
+            sqlx::Error::Database(ref d) if is_transient(d.as_ref()) => Self::Unavailable(e),
             e => Self::Database(e),
         }
     }
+}
+
+/// Whether a database error means "not now" rather than "never": the server went away
+/// mid-query (Postgres classes 57, operator intervention such as a shutdown, and 08,
+/// connection) or ran out of room (class 53: disk full, out of memory); SQLite found its disk
+/// full, hit an I/O error, or waited too long for a lock (primary codes 13, 10, 5 and 6).
+fn is_transient(e: &dyn sqlx::error::DatabaseError) -> bool {
+    let Some(code) = e.code() else {
+        return false;
+    };
+    if e.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // Extended codes keep the primary code in their low byte.
+        return code
+            .parse::<u32>()
+            .is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 10 | 13));
+    }
+    ["57", "08", "53"]
+        .iter()
+        .any(|class| code.starts_with(class))
 }
 
 impl StoreError {

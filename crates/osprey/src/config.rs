@@ -78,8 +78,8 @@ impl ConfigFile {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the config file {}", path.display()))?;
-        let shape = ConfigTables::parse(&text)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let shape =
+            ConfigTables::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         Ok(Self {
             path: path.to_owned(),
             text,

@@ -51,10 +51,15 @@ pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
                 "max_model_len": engine.info().max_model_len,
             })),
         ),
-        None => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({"status": "loading", "model": state.model_name()})),
-        ),
+        None => {
+            let body = match state.load_error() {
+                Some(e) => {
+                    serde_json::json!({"status": "failed", "model": state.model_name(), "error": e})
+                }
+                None => serde_json::json!({"status": "loading", "model": state.model_name()}),
+            };
+            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body))
+        }
     }
 }
 
