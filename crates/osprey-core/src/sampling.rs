@@ -70,7 +70,7 @@ impl SamplingParams {
 }
 
 /// Why a sequence stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// The model ended, or a stop string or stop token was hit.
@@ -85,7 +85,18 @@ pub enum FinishReason {
 /// decodes are never held up by batch prefills; batch requests use what is left, and one that
 /// has waited too long is treated as interactive, so it is never starved.
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
 )]
 #[serde(rename_all = "snake_case")]
 pub enum Priority {

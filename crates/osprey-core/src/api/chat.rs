@@ -9,19 +9,23 @@ use crate::grammar::Grammar;
 use crate::sampling::SamplingParams;
 
 /// A chat completion request.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {
     /// The model to use.
     pub model: String,
     /// The conversation so far.
+    #[schema(min_items = 1)]
     pub messages: Vec<ChatMessage>,
     /// Most tokens to generate (legacy name).
+    #[schema(minimum = 1)]
     pub max_tokens: Option<i64>,
     /// Most tokens to generate.
+    #[schema(minimum = 1)]
     pub max_completion_tokens: Option<i64>,
     /// Return log-probabilities of the output tokens.
     pub logprobs: Option<bool>,
     /// Alternatives per token to return with `logprobs`, 0 to 20.
+    #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<i64>,
     /// Functions the model may call.
     #[serde(default)]
@@ -51,7 +55,7 @@ impl super::ApiRequest for ChatCompletionRequest {
 }
 
 /// One message of a conversation.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct ChatMessage {
     /// `system`, `developer`, `user`, `assistant` or `tool`.
     pub role: String,
@@ -70,7 +74,7 @@ pub struct ChatMessage {
 }
 
 /// Message content: a string or OpenAI's array of parts.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum MessageContent {
     /// Plain text.
@@ -80,7 +84,7 @@ pub enum MessageContent {
 }
 
 /// One part of a message's content.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct ContentPart {
     /// The part's type; `text` (or `input_text`) is what a text model can read.
     #[serde(rename = "type")]
@@ -219,7 +223,7 @@ impl ChatCompletionRequest {
 }
 
 /// A complete (non-streamed) chat response.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletion {
     /// Response id (`chatcmpl-…`).
     pub id: String,
@@ -238,7 +242,7 @@ pub struct ChatCompletion {
 }
 
 /// One answer.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatChoice {
     /// Which of the `n` choices.
     pub index: usize,
@@ -251,7 +255,7 @@ pub struct ChatChoice {
 }
 
 /// The generated message.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: String,
@@ -263,14 +267,14 @@ pub struct AssistantMessage {
 }
 
 /// Log-probabilities of a chat choice's tokens.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatLogprobs {
     /// One entry per output token.
     pub content: Vec<ChatTokenLogprob>,
 }
 
 /// A token with its log-probability and the most likely alternatives.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatTokenLogprob {
     /// The token's text.
     pub token: String,
@@ -283,7 +287,7 @@ pub struct ChatTokenLogprob {
 }
 
 /// An alternative token.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TopLogprob {
     /// Token text.
     pub token: String,
@@ -294,7 +298,7 @@ pub struct TopLogprob {
 }
 
 /// One server-sent event of a streamed chat response.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionChunk {
     /// Same id on every chunk of a response.
     pub id: String,
@@ -314,7 +318,7 @@ pub struct ChatCompletionChunk {
 }
 
 /// A choice's increment.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatChunkChoice {
     /// Which choice.
     pub index: usize,
@@ -327,7 +331,7 @@ pub struct ChatChunkChoice {
 }
 
 /// New content of a streamed message.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatDelta {
     /// `assistant`, on the first chunk only.
     #[serde(skip_serializing_if = "Option::is_none")]

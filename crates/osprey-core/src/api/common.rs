@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::sampling::{FinishReason, SamplingParams};
 
 /// `stop`: one string or a list of them.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum StopSpec {
     /// A single stop string.
@@ -16,7 +16,7 @@ pub enum StopSpec {
 }
 
 /// `stream_options`.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct StreamOptions {
     /// Send a last chunk with the usage of the whole request.
     #[serde(default)]
@@ -24,25 +24,33 @@ pub struct StreamOptions {
 }
 
 /// Sampling fields common to both endpoints, OpenAI's plus vLLM's extensions.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct SamplingFields {
     /// Softmax temperature, 0 to 2 (default 1; 0 = greedy).
+    #[schema(minimum = 0, maximum = 2)]
     pub temperature: Option<f32>,
     /// Nucleus sampling mass, in (0, 1].
+    #[schema(exclusive_minimum = 0, maximum = 1)]
     pub top_p: Option<f32>,
     /// Keep the k most likely tokens; 0 or -1 disables (vLLM).
+    #[schema(minimum = -1)]
     pub top_k: Option<i64>,
     /// Minimum probability relative to the best token, in [0, 1] (vLLM).
+    #[schema(minimum = 0, maximum = 1)]
     pub min_p: Option<f32>,
-    /// Number of choices to generate.
+    /// Number of choices to generate, 1 to 16.
+    #[schema(minimum = 1, maximum = 16)]
     pub n: Option<i64>,
     /// Stop strings.
     pub stop: Option<StopSpec>,
     /// Penalty for tokens already present, -2 to 2.
+    #[schema(minimum = -2, maximum = 2)]
     pub presence_penalty: Option<f32>,
     /// Penalty per occurrence, -2 to 2.
+    #[schema(minimum = -2, maximum = 2)]
     pub frequency_penalty: Option<f32>,
     /// Multiplicative penalty for repeated tokens, > 0 (vLLM; 1 = off).
+    #[schema(exclusive_minimum = 0)]
     pub repetition_penalty: Option<f32>,
     /// Token id (as a string) to bias, -100 to 100.
     pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
@@ -50,7 +58,9 @@ pub struct SamplingFields {
     pub seed: Option<i64>,
     /// Generate past the end-of-sequence token (vLLM).
     pub ignore_eos: Option<bool>,
-    /// Minimum tokens before EOS or a stop token may end the output (vLLM).
+    /// Minimum tokens before EOS or a stop token may end the output, at most `max_tokens`
+    /// (vLLM).
+    #[schema(minimum = 0)]
     pub min_tokens: Option<i64>,
     /// Extra token ids that end the output (vLLM).
     pub stop_token_ids: Option<Vec<u32>>,
@@ -199,7 +209,7 @@ fn range(param: &str, v: f32, lo: f32, hi: f32) -> Result<()> {
 }
 
 /// Osprey's own request options, in the `osprey` object of a request body.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct OspreyOptions {
     /// `interactive` (default) or `batch`.
     #[serde(default)]
@@ -228,7 +238,7 @@ pub fn priority_of(options: &Option<OspreyOptions>) -> crate::sampling::Priority
 }
 
 /// Token counts of a request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     /// Tokens in the prompt (counted once, whatever `n`).
     pub prompt_tokens: usize,
@@ -250,14 +260,14 @@ impl Usage {
 }
 
 /// The body of every error response: `{"error": {...}}`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorResponse {
     /// The error.
     pub error: ErrorBody,
 }
 
 /// OpenAI's error object.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// What went wrong, for a person.
     pub message: String,

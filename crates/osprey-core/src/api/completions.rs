@@ -9,18 +9,21 @@ use crate::error::{Error, Result};
 use crate::sampling::SamplingParams;
 
 /// A text completion request.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 pub struct CompletionRequest {
     /// The model to use.
     pub model: String,
     /// The prompt(s).
     pub prompt: PromptInput,
-    /// Most tokens to generate (default 16, as in OpenAI's API).
+    /// Most tokens to generate (default 16, as in OpenAI's API); 0 only with `echo`, to
+    /// score the prompt.
+    #[schema(minimum = 0)]
     pub max_tokens: Option<i64>,
     /// Return the prompt before the completion.
     #[serde(default)]
     pub echo: bool,
     /// Return log-probabilities with this many alternatives per token, 0 to 20.
+    #[schema(minimum = 0, maximum = 20)]
     pub logprobs: Option<i64>,
     /// The structure of the completion: any text, a JSON object, or JSON under a schema (as
     /// in chat; an extension here).
@@ -42,7 +45,7 @@ impl super::ApiRequest for CompletionRequest {
 }
 
 /// `prompt`: text, texts, token ids, or lists of token ids.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum PromptInput {
     /// One text prompt.
@@ -126,7 +129,7 @@ impl CompletionRequest {
 }
 
 /// A complete (or streamed) text completion response; streaming sends one per event.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Completion {
     /// Response id (`cmpl-…`).
     pub id: String,
@@ -146,7 +149,7 @@ pub struct Completion {
 }
 
 /// One completion.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionChoice {
     /// Which choice: `prompt_index * n + i`.
     pub index: usize,
@@ -159,7 +162,7 @@ pub struct CompletionChoice {
 }
 
 /// OpenAI's legacy log-probability format: parallel arrays, one entry per token.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionLogprobs {
     /// Token texts.
     pub tokens: Vec<String>,

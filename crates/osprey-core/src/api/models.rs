@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The list of served models.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelList {
     /// Always `list`.
     pub object: String,
@@ -12,7 +12,7 @@ pub struct ModelList {
 }
 
 /// One served model.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelCard {
     /// The name to put in requests' `model`.
     pub id: String,

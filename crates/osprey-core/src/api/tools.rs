@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::grammar::Grammar;
 
 /// One entry of `tools`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct Tool {
     /// Always `function`.
     #[serde(rename = "type")]
@@ -19,7 +19,7 @@ pub struct Tool {
 }
 
 /// A function the model may call.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct FunctionDef {
     /// Its name: letters, digits, `_` and `-`, at most 64.
     pub name: String,
@@ -44,7 +44,7 @@ impl FunctionDef {
 }
 
 /// `tool_choice`: `"none"`, `"auto"`, `"required"`, or one named function.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum ToolChoice {
     /// `none`, `auto` or `required`.
@@ -54,7 +54,7 @@ pub enum ToolChoice {
 }
 
 /// A tool choice naming one function.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct NamedToolChoice {
     /// Always `function`.
     #[serde(rename = "type")]
@@ -64,7 +64,7 @@ pub struct NamedToolChoice {
 }
 
 /// A function, by name.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct FunctionName {
     /// The function's name.
     pub name: String,
@@ -84,7 +84,7 @@ pub enum ToolMode {
 }
 
 /// A call in an answer.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct ToolCall {
     /// `call_…`, quoted back by the `tool` message that answers it.
     pub id: String,
@@ -96,7 +96,7 @@ pub struct ToolCall {
 }
 
 /// A function called.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct FunctionCall {
     /// Its name.
     pub name: String,
@@ -105,7 +105,7 @@ pub struct FunctionCall {
 }
 
 /// A streamed increment of a call.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct ToolCallDelta {
     /// Which call of the answer.
     pub index: usize,
@@ -120,7 +120,7 @@ pub struct ToolCallDelta {
 }
 
 /// A function call's increment.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct FunctionCallDelta {
     /// The function's name, on the call's first increment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,7 +131,7 @@ pub struct FunctionCallDelta {
 }
 
 /// `response_format`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ResponseFormat {
     /// Any text (the default).
@@ -146,7 +146,7 @@ pub enum ResponseFormat {
 }
 
 /// `response_format.json_schema`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct JsonSchemaFormat {
     /// The schema's name.
     pub name: String,
@@ -162,7 +162,7 @@ pub struct JsonSchemaFormat {
 }
 
 /// Osprey's `grammar` option: `{"regex": "..."}` or `{"lark": "..."}`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum GrammarOption {
     /// The whole output matches this regular expression.
