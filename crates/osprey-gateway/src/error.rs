@@ -116,6 +116,57 @@ pub async fn not_found(uri: axum::http::Uri) -> ApiError {
     ))
 }
 
+/// Puts an error answered outside [`ApiError`] into OpenAI's envelope, keeping its status:
+/// axum's own rejections (a path segment or query string that does not parse, a body over the
+/// limit, a malformed multipart form) answer in plain text, and an upstream's error page may
+/// be anything. Every error a client sees is the envelope, whoever produced it.
+pub async fn enveloped(req: Request, next: axum::middleware::Next) -> Response {
+    let response = next.run(req).await;
+    let status = response.status();
+    let json = (response.headers().get(axum::http::header::CONTENT_TYPE))
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return response;
+    }
+    let retry_after = response
+        .headers()
+        .get(axum::http::header::RETRY_AFTER)
+        .cloned();
+    let text = axum::body::to_bytes(response.into_body(), 64 << 10)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let message = match text.trim() {
+        "" => status.canonical_reason().unwrap_or("failed").to_owned(),
+        text => text.chars().take(1000).collect(),
+    };
+    let mut enveloped = ApiError(Error::new(kind_of(status), message)).into_response();
+    *enveloped.status_mut() = status;
+    if let Some(v) = retry_after {
+        enveloped
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, v);
+    }
+    enveloped
+}
+
+/// The error kind closest to an HTTP error status, for the envelope's `type`.
+fn kind_of(status: StatusCode) -> ErrorKind {
+    match status {
+        StatusCode::UNAUTHORIZED => ErrorKind::Unauthorized,
+        StatusCode::FORBIDDEN => ErrorKind::Forbidden,
+        StatusCode::NOT_FOUND => ErrorKind::NotFound,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::PayloadTooLarge,
+        StatusCode::TOO_MANY_REQUESTS => ErrorKind::RateLimited,
+        StatusCode::BAD_GATEWAY => ErrorKind::BadGateway,
+        StatusCode::SERVICE_UNAVAILABLE => ErrorKind::Unavailable,
+        StatusCode::GATEWAY_TIMEOUT => ErrorKind::GatewayTimeout,
+        s if s.is_client_error() => ErrorKind::InvalidRequest,
+        _ => ErrorKind::Internal,
+    }
+}
+
 /// The response when a handler panics: the request fails, the server does not.
 pub fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
     ApiError(Error::internal(

@@ -30,7 +30,9 @@
 //!   and `POST /v1/moderations`;
 //! - [`agent`]: agent runs (the Responses API): `osprey-agent`'s orchestrator with the
 //!   model a request names, its tools under the caller's scopes, runs and audits in the store;
-//! - [`metrics`]: Prometheus export and request histograms.
+//! - [`metrics`]: Prometheus export and request histograms;
+//! - [`openapi`]: the OpenAPI document of the whole surface, generated from the handlers and
+//!   served at `GET /openapi.json`.
 //!
 //! ```no_run
 //! # async fn demo(engine: osprey_engine::Engine) -> std::io::Result<()> {
@@ -58,6 +60,7 @@ pub mod generation;
 pub mod ingest;
 pub mod limits;
 pub mod metrics;
+pub mod openapi;
 pub mod prompts;
 pub mod rag;
 pub mod record;

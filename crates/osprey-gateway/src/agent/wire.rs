@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// `POST /v1/responses`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 pub struct ResponsesRequest {
     /// The model that decides each step.
     pub model: String,
@@ -50,16 +50,17 @@ pub struct ResponsesRequest {
 }
 
 /// Osprey's run options.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OspreyRunOptions {
     /// Limits of this run, each capped by the operator's.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub budget: Option<Budget>,
 }
 
 /// `input`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Input {
     /// One user message.

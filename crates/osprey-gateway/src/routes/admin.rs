@@ -103,14 +103,21 @@ fn store(state: &AppState) -> Result<osprey_store::Store, ApiError> {
     })
 }
 
-#[derive(Deserialize)]
+/// A new key.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateKey {
+    /// The tenant it belongs to.
     tenant: String,
+    /// A name, for people.
     name: Option<String>,
     /// Unix seconds.
     expires_at: Option<i64>,
+    /// Requests a minute it may make, at least 1 (default: its tenant's).
+    #[schema(minimum = 1)]
     rpm: Option<i64>,
+    /// Tokens a minute it may use, at least 1 (default: its tenant's).
+    #[schema(minimum = 1)]
     tpm: Option<i64>,
     /// ACL groups the key's requests belong to.
     #[serde(default)]
@@ -119,6 +126,21 @@ struct CreateKey {
     tool_scopes: Option<Vec<String>>,
 }
 
+/// Creates an API key for a tenant; the secret is shown this once.
+#[utoipa::path(
+    post,
+    path = "/admin/keys",
+    tag = "admin",
+    operation_id = "createKey",
+    request_body = CreateKey,
+    responses(
+        (status = 201, description = "The key, with its secret in `key`", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn create_key(
     State(state): State<AppState>,
     body: axum::body::Bytes,
@@ -157,18 +179,49 @@ async fn create_key(
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
+/// Every key (never their secrets).
+#[utoipa::path(
+    get,
+    path = "/admin/keys",
+    tag = "admin",
+    operation_id = "listKeys",
+    responses(
+        (status = 200, description = "A list of keys", body = Object),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn list_keys(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
     let keys = store(&state)?.list_keys().await.map_err(store_error)?;
     let data: Vec<_> = keys.iter().map(key_json).collect();
     Ok(Json(serde_json::json!({"object": "list", "data": data})))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct AuditQuery {
+    /// Only this tenant's entries.
     tenant: Option<String>,
+    /// Entries to list, 1 to 10000 (default 100).
     limit: Option<i64>,
 }
 
+/// The safety audit log, newest first.
+#[utoipa::path(
+    get,
+    path = "/admin/audit",
+    tag = "admin",
+    operation_id = "auditLog",
+    params(AuditQuery),
+    responses(
+        (status = 200, description = "A list of audit entries", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn audit_log(
     State(state): State<AppState>,
     axum::extract::Query(q): axum::extract::Query<AuditQuery>,
@@ -189,6 +242,21 @@ async fn audit_log(
     Ok(Json(serde_json::json!({"object": "list", "data": data})))
 }
 
+/// Revokes a key, for every replica.
+#[utoipa::path(
+    delete,
+    path = "/admin/keys/{id}",
+    tag = "admin",
+    operation_id = "revokeKey",
+    params(("id" = String, Path, description = "The key's id")),
+    responses(
+        (status = 200, description = "The key, revoked", body = Object),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn revoke_key(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -203,11 +271,28 @@ async fn revoke_key(
     Ok(Json(key_json(&record)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct FlagQuery {
+    /// Only this tenant's flags.
     tenant: Option<String>,
 }
 
+/// The feature flags set, per tenant.
+#[utoipa::path(
+    get,
+    path = "/admin/flags",
+    tag = "admin",
+    operation_id = "listFlags",
+    params(FlagQuery),
+    responses(
+        (status = 200, description = "A list of flags (`tenant`, `flag`, `value`, `updated_at`)", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn list_flags(
     State(state): State<AppState>,
     axum::extract::Query(q): axum::extract::Query<FlagQuery>,
@@ -224,6 +309,26 @@ async fn list_flags(
     Ok(Json(serde_json::json!({"object": "list", "data": data})))
 }
 
+/// Sets a tenant's feature flag.
+#[utoipa::path(
+    put,
+    path = "/admin/flags/{tenant}/{flag}",
+    tag = "admin",
+    operation_id = "setFlag",
+    params(
+        ("tenant" = String, Path, description = "The tenant"),
+        ("flag" = String, Path, description = "The flag"),
+    ),
+    request_body(content = Object, description = "`value`: any JSON but null",
+        example = json!({"value": true})),
+    responses(
+        (status = 200, description = "`{\"tenant\", \"flag\", \"value\"}`", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn set_flag(
     State(state): State<AppState>,
     Path((tenant, flag)): Path<(String, String)>,
@@ -243,6 +348,24 @@ async fn set_flag(
     ))
 }
 
+/// Removes a tenant's feature flag.
+#[utoipa::path(
+    delete,
+    path = "/admin/flags/{tenant}/{flag}",
+    tag = "admin",
+    operation_id = "unsetFlag",
+    params(
+        ("tenant" = String, Path, description = "The tenant"),
+        ("flag" = String, Path, description = "The flag"),
+    ),
+    responses(
+        (status = 200, description = "`{\"tenant\", \"flag\", \"deleted\": true}`", body = Object),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn unset_flag(
     State(state): State<AppState>,
     Path((tenant, flag)): Path<(String, String)>,

@@ -44,16 +44,47 @@ fn view(engine: &Engine) -> Value {
     })
 }
 
+/// The local engine's scheduling policy and what it has done.
+#[utoipa::path(
+    get,
+    path = "/admin/scheduler",
+    tag = "admin",
+    operation_id = "getScheduler",
+    responses(
+        (status = 200, description = "The scheduler (`policy`, `policies`, `preemptions`, \
+            `deferrals`, the expert load of MoE steps)", body = Object),
+        (status = 404, response = crate::openapi::NotFound),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn show(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     Ok(Json(view(&engine(&state)?)))
 }
 
-#[derive(Deserialize)]
+/// The policy to switch to.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Switch {
+    /// `priority`, `fcfs` or `kda`.
     policy: String,
 }
 
+/// Switches the scheduling policy, from the engine's next step on.
+#[utoipa::path(
+    put,
+    path = "/admin/scheduler",
+    tag = "admin",
+    operation_id = "setScheduler",
+    request_body = Switch,
+    responses(
+        (status = 200, description = "The scheduler", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 404, response = crate::openapi::NotFound),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn switch(
     State(state): State<AppState>,
     body: axum::body::Bytes,

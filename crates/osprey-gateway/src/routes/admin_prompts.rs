@@ -54,6 +54,19 @@ fn split_json(split: &Split) -> Value {
     )
 }
 
+/// Every prompt, its latest version and its labels.
+#[utoipa::path(
+    get,
+    path = "/admin/prompts",
+    tag = "admin",
+    operation_id = "listPrompts",
+    responses(
+        (status = 200, description = "A list of prompts", body = Object),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let prompts = store(&state)?.list_prompts().await.map_err(store_error)?;
     let data: Vec<Value> = (prompts.iter())
@@ -67,6 +80,26 @@ async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     Ok(Json(json!({"object": "list", "data": data})))
 }
 
+/// Pushes a new version of a prompt.
+#[utoipa::path(
+    post,
+    path = "/admin/prompts/{name}",
+    tag = "admin",
+    operation_id = "pushPrompt",
+    params(("name" = String, Path, description = "1 to 128 letters, digits, `-`, `_`, `.` or `/`")),
+    request_body(description = "The prompt's definition, JSON or TOML (as `osprey prompts push` reads it)",
+        content(
+            (Object = "application/json"),
+            (String = "application/toml"),
+        )),
+    responses(
+        (status = 201, description = "`{\"name\", \"version\", \"created_at\"}`", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn push(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -95,6 +128,21 @@ pub fn valid_name(name: &str) -> Result<(), Error> {
     }
 }
 
+/// A prompt's versions and labels.
+#[utoipa::path(
+    get,
+    path = "/admin/prompts/{name}",
+    tag = "admin",
+    operation_id = "getPrompt",
+    params(("name" = String, Path, description = "The prompt's name")),
+    responses(
+        (status = 200, description = "`{\"name\", \"versions\", \"labels\"}`", body = Object),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn show(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -118,6 +166,25 @@ async fn show(
     ))
 }
 
+/// One version of a prompt, with its definition.
+#[utoipa::path(
+    get,
+    path = "/admin/prompts/{name}/versions/{version}",
+    tag = "admin",
+    operation_id = "getPromptVersion",
+    params(
+        ("name" = String, Path, description = "The prompt's name"),
+        ("version" = i64, Path, description = "The version's number"),
+    ),
+    responses(
+        (status = 200, description = "`{\"name\", \"version\", \"created_at\", \"definition\"}`", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn version(
     State(state): State<AppState>,
     Path((name, version)): Path<(String, i64)>,
@@ -129,6 +196,26 @@ async fn version(
     ))
 }
 
+/// The difference between two versions of a prompt.
+#[utoipa::path(
+    get,
+    path = "/admin/prompts/{name}/diff",
+    tag = "admin",
+    operation_id = "diffPromptVersions",
+    params(
+        ("name" = String, Path, description = "The prompt's name"),
+        ("from" = i64, Query, description = "The version diffed from"),
+        ("to" = i64, Query, description = "The version diffed to"),
+    ),
+    responses(
+        (status = 200, description = "`{\"name\", \"from\", \"to\", \"diff\"}`", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn diff_versions(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -154,6 +241,27 @@ async fn diff_versions(
     ))
 }
 
+/// Points a label at a version, or splits it between versions.
+#[utoipa::path(
+    put,
+    path = "/admin/prompts/{name}/labels/{label}",
+    tag = "admin",
+    operation_id = "setPromptLabel",
+    params(
+        ("name" = String, Path, description = "The prompt's name"),
+        ("label" = String, Path, description = "The label"),
+    ),
+    request_body(content = Object, description = "`version` (3) or `split` (\"3:90,4:10\")",
+        example = json!({"split": "1:90,2:10"})),
+    responses(
+        (status = 200, description = "`{\"name\", \"label\", \"split\"}`", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn set_label(
     State(state): State<AppState>,
     Path((name, label)): Path<(String, String)>,
@@ -178,6 +286,25 @@ async fn set_label(
     ))
 }
 
+/// Points a label back where it pointed before.
+#[utoipa::path(
+    post,
+    path = "/admin/prompts/{name}/labels/{label}/rollback",
+    tag = "admin",
+    operation_id = "rollbackPromptLabel",
+    params(
+        ("name" = String, Path, description = "The prompt's name"),
+        ("label" = String, Path, description = "The label"),
+    ),
+    responses(
+        (status = 200, description = "`{\"name\", \"label\", \"split\"}`", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn rollback(
     State(state): State<AppState>,
     Path((name, label)): Path<(String, String)>,

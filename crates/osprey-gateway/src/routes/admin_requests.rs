@@ -28,20 +28,44 @@ fn store(state: &AppState) -> Result<&osprey_store::Store, Error> {
     (state.store()).ok_or_else(|| Error::new(ErrorKind::Unavailable, "This server has no store."))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct ListQuery {
+    /// Only this tenant's requests.
     tenant: Option<String>,
+    /// Only this user's.
     user: Option<String>,
+    /// Only those that used this prompt.
     prompt: Option<String>,
+    /// Only those for this model.
     model: Option<String>,
+    /// Only those answered with this HTTP status.
     status: Option<i64>,
-    /// Unix seconds.
+    /// Only those since, Unix seconds.
     since: Option<i64>,
+    /// Only those before this `seq` (the previous page's `next`).
     before: Option<i64>,
+    /// Rows a page, 1 to 1000 (default 100).
     limit: Option<i64>,
 }
 
+/// The request log, newest first.
+#[utoipa::path(
+    get,
+    path = "/admin/requests",
+    tag = "admin",
+    operation_id = "listRequests",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of rows (`data`, and `next`: the `before` of \
+            the next page)", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn list(
     State(state): State<AppState>,
     Query(q): Query<ListQuery>,
@@ -64,6 +88,21 @@ async fn list(
     Ok(Json(json!({"object": "list", "data": data, "next": next})))
 }
 
+/// One request's row of the request log.
+#[utoipa::path(
+    get,
+    path = "/admin/requests/{id}",
+    tag = "admin",
+    operation_id = "getRequest",
+    params(("id" = String, Path, description = "The request's id")),
+    responses(
+        (status = 200, description = "The row", body = Object),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn one(
     State(state): State<AppState>,
     Path(id): Path<String>,

@@ -28,15 +28,36 @@ pub fn routes() -> Router<AppState> {
         .route("/admin/tool-audit", get(tool_audit))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// Only this tenant's runs.
     tenant: Option<String>,
+    /// Only this user's.
     user: Option<String>,
+    /// Only runs in this status.
     status: Option<String>,
+    /// Runs a page, 1 to 100 (default 20).
     limit: Option<i64>,
+    /// The run to list after.
     after: Option<String>,
 }
 
+/// Every tenant's agent runs, newest first.
+#[utoipa::path(
+    get,
+    path = "/admin/runs",
+    tag = "admin",
+    operation_id = "listRuns",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of runs", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn list(
     State(state): State<AppState>,
     Query(q): Query<ListQuery>,
@@ -54,6 +75,21 @@ async fn list(
     Ok(Json(list_json(&records, limit)))
 }
 
+/// A run, with its tenant, user and steps.
+#[utoipa::path(
+    get,
+    path = "/admin/runs/{id}",
+    tag = "admin",
+    operation_id = "getRun",
+    params(("id" = String, Path, description = "The run's (response's) id")),
+    responses(
+        (status = 200, description = "The response object", body = Object),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn read(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -66,6 +102,23 @@ async fn read(
     Ok(Json(shown))
 }
 
+/// An operator approves a call a paused run waits on.
+#[utoipa::path(
+    post,
+    path = "/admin/runs/{id}/approve",
+    tag = "admin",
+    operation_id = "approveRun",
+    params(("id" = String, Path, description = "The run's (response's) id")),
+    request_body(content = super::responses::Answer, description = "Optional: which request, and why"),
+    responses(
+        (status = 200, description = "The run, resumed", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn approve(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -74,6 +127,23 @@ async fn approve(
     decide(&state, None, &id, &body, true).await
 }
 
+/// An operator rejects a call a paused run waits on.
+#[utoipa::path(
+    post,
+    path = "/admin/runs/{id}/reject",
+    tag = "admin",
+    operation_id = "rejectRun",
+    params(("id" = String, Path, description = "The run's (response's) id")),
+    request_body(content = super::responses::Answer, description = "Optional: which request, and why"),
+    responses(
+        (status = 200, description = "The run, resumed", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn reject(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -82,13 +152,32 @@ async fn reject(
     decide(&state, None, &id, &body, false).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct AuditQuery {
+    /// Only this tenant's calls.
     tenant: Option<String>,
+    /// Only this run's.
     run: Option<String>,
+    /// Calls to list (default 100).
     limit: Option<i64>,
 }
 
+/// Every audited tool call, newest first.
+#[utoipa::path(
+    get,
+    path = "/admin/tool-audit",
+    tag = "admin",
+    operation_id = "toolAudit",
+    params(AuditQuery),
+    responses(
+        (status = 200, description = "A list of tool calls", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn tool_audit(
     State(state): State<AppState>,
     Query(q): Query<AuditQuery>,

@@ -25,6 +25,23 @@ fn store(state: &AppState) -> Result<&osprey_store::Store, Error> {
     (state.store()).ok_or_else(|| Error::new(ErrorKind::Unavailable, "This server has no store."))
 }
 
+/// Forgets a user: their conversations, memory, request-log rows and cached answers.
+#[utoipa::path(
+    delete,
+    path = "/admin/tenants/{tenant}/users/{user}",
+    tag = "admin",
+    operation_id = "deleteUser",
+    params(
+        ("tenant" = String, Path, description = "The tenant"),
+        ("user" = String, Path, description = "The user (`x-osprey-user`)"),
+    ),
+    responses(
+        (status = 200, description = "How many of each went (`deleted`)", body = Object),
+        (status = 503, response = crate::openapi::Unavailable),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn delete_user(
     State(state): State<AppState>,
     Path((tenant, user)): Path<(String, String)>,

@@ -76,7 +76,34 @@ fn batch_json(b: &BatchRecord) -> Value {
     })
 }
 
+/// The form `POST /v1/files` reads (as [`Multipart`], part by part: this is its shape for the
+/// OpenAPI document).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct Upload {
+    /// `batch`.
+    purpose: String,
+    /// The JSONL of requests: `{"custom_id", "method": "POST", "url", "body"}` a line.
+    #[schema(value_type = String, format = Binary)]
+    file: Vec<u8>,
+}
+
 /// `POST /v1/files`: multipart with `purpose` and `file`.
+#[utoipa::path(
+    post,
+    path = "/v1/files",
+    tag = "batches",
+    operation_id = "uploadFile",
+    request_body(content = Upload, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "The file (`id`, `bytes`, `filename`, `purpose`…)", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 413, response = crate::openapi::PayloadTooLarge),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn upload(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -107,6 +134,21 @@ async fn upload(
     Ok(axum::Json(file_json(&f)).into_response())
 }
 
+/// A file of the caller's tenant.
+#[utoipa::path(
+    get,
+    path = "/v1/files/{id}",
+    tag = "batches",
+    operation_id = "getFile",
+    params(("id" = String, Path, description = "The file's id")),
+    responses(
+        (status = 200, description = "The file", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn file(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -116,6 +158,22 @@ async fn file(
     Ok(axum::Json(file_json(&f)).into_response())
 }
 
+/// A file's content (an input file, or a batch's output: one JSON result a line).
+#[utoipa::path(
+    get,
+    path = "/v1/files/{id}/content",
+    tag = "batches",
+    operation_id = "getFileContent",
+    params(("id" = String, Path, description = "The file's id")),
+    responses(
+        (status = 200, description = "The content, as uploaded or written", body = String,
+            content_type = "application/jsonl"),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn content(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -172,6 +230,23 @@ fn parse_lines(content: &[u8], endpoint: &str) -> Result<Vec<Line>, Error> {
 }
 
 /// `POST /v1/batches`.
+#[utoipa::path(
+    post,
+    path = "/v1/batches",
+    tag = "batches",
+    operation_id = "createBatch",
+    request_body(content = Object, description = "`input_file_id`, `endpoint` \
+        (`/v1/chat/completions` or `/v1/completions`) and `completion_window` (`24h`)",
+        example = json!({"input_file_id": "file-…", "endpoint": "/v1/chat/completions",
+            "completion_window": "24h"})),
+    responses(
+        (status = 200, description = "The batch, queued", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -216,6 +291,21 @@ async fn create(
     Ok(axum::Json(batch_json(&b)).into_response())
 }
 
+/// A batch of the caller's tenant.
+#[utoipa::path(
+    get,
+    path = "/v1/batches/{id}",
+    tag = "batches",
+    operation_id = "getBatch",
+    params(("id" = String, Path, description = "The batch's id")),
+    responses(
+        (status = 200, description = "The batch", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn batch(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -225,6 +315,19 @@ async fn batch(
     Ok(axum::Json(batch_json(&b)).into_response())
 }
 
+/// The batches of the caller's tenant.
+#[utoipa::path(
+    get,
+    path = "/v1/batches",
+    tag = "batches",
+    operation_id = "listBatches",
+    responses(
+        (status = 200, description = "A list of batches", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -239,6 +342,21 @@ async fn list(
     Ok(axum::Json(page).into_response())
 }
 
+/// Cancels a batch: lines not yet run are not.
+#[utoipa::path(
+    post,
+    path = "/v1/batches/{id}/cancel",
+    tag = "batches",
+    operation_id = "cancelBatch",
+    params(("id" = String, Path, description = "The batch's id")),
+    responses(
+        (status = 200, description = "The batch, cancelling", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn cancel(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,

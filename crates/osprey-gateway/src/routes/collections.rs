@@ -72,28 +72,61 @@ pub fn check_groups(groups: &[String], param: &str) -> Result<(), Error> {
 
 /// A document posted as JSON: a record (`id`, `text`) or a file (`filename` with `content`,
 /// or `content_base64` for binary formats such as PDF).
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PostedDocument {
+    /// The document's id (a record's; a file's defaults to its name).
     id: Option<String>,
+    /// Its title (default: its id).
     title: Option<String>,
+    /// A record's text.
     text: Option<String>,
+    /// Kept with its chunks, returned with hits.
     #[serde(default)]
     metadata: Map<String, Value>,
+    /// A file's name, whose extension says its format.
     filename: Option<String>,
+    /// A text file's content.
     content: Option<String>,
+    /// A binary file's content (PDF…), base64.
     content_base64: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// Documents to ingest.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PostedDocuments {
+    /// 1 to 10000 documents.
+    #[schema(min_items = 1, max_items = 10000)]
     documents: Vec<PostedDocument>,
+    /// The groups that may read them (none: everyone in the tenant).
     #[serde(default)]
     acl: Vec<String>,
+    /// Re-index the collection this often.
     reindex_interval_seconds: Option<u64>,
 }
 
+/// Queues an ingest job: documents posted as JSON, or files as multipart (file parts, `acl`,
+/// `reindex_interval_seconds`).
+#[utoipa::path(
+    post,
+    path = "/v1/collections/{name}/documents",
+    tag = "collections",
+    operation_id = "addDocuments",
+    params(("name" = String, Path, description = "The collection's name (made if new)")),
+    request_body(content(
+        (PostedDocuments = "application/json"),
+        (Object = "multipart/form-data"),
+    )),
+    responses(
+        (status = 202, description = "The ingest job, queued", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 413, response = crate::openapi::PayloadTooLarge),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn add_documents(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -229,6 +262,23 @@ async fn from_multipart(
     Ok((documents, acl, interval))
 }
 
+/// An ingest job's status and report.
+#[utoipa::path(
+    get,
+    path = "/v1/collections/{name}/jobs/{id}",
+    tag = "collections",
+    operation_id = "getIngestJob",
+    params(
+        ("name" = String, Path, description = "The collection's name"),
+        ("id" = String, Path, description = "The job's id"),
+    ),
+    responses(
+        (status = 200, description = "The job", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+    ),
+    security(("api_key" = []))
+)]
 async fn job(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -244,6 +294,19 @@ async fn job(
     }
 }
 
+/// The tenant's collections.
+#[utoipa::path(
+    get,
+    path = "/v1/collections",
+    tag = "collections",
+    operation_id = "listCollections",
+    responses(
+        (status = 200, description = "A list of collections (`id`, `chunks`, \
+            `last_indexed_at`, `reindex_interval_seconds`, `stale`)", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+    ),
+    security(("api_key" = []))
+)]
 async fn list_collections(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -275,6 +338,21 @@ async fn list_collections(
     Ok(axum::Json(json!({"object": "list", "data": data})))
 }
 
+/// Deletes a collection.
+#[utoipa::path(
+    delete,
+    path = "/v1/collections/{name}",
+    tag = "collections",
+    operation_id = "deleteCollection",
+    params(("name" = String, Path, description = "The collection's name")),
+    responses(
+        (status = 200, description = "`{\"id\", \"object\": \"collection.deleted\", \"deleted\": true}`", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+    ),
+    security(("api_key" = []))
+)]
 async fn delete_collection(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -289,6 +367,21 @@ async fn delete_collection(
     ))
 }
 
+/// The documents of a collection the caller may read.
+#[utoipa::path(
+    get,
+    path = "/v1/collections/{name}/documents",
+    tag = "collections",
+    operation_id = "listDocuments",
+    params(("name" = String, Path, description = "The collection's name")),
+    responses(
+        (status = 200, description = "A list of documents (`id`, `source`)", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+    ),
+    security(("api_key" = []))
+)]
 async fn list_documents(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -309,6 +402,24 @@ async fn list_documents(
     Ok(axum::Json(json!({"object": "list", "data": data})))
 }
 
+/// Deletes a document the caller may read.
+#[utoipa::path(
+    delete,
+    path = "/v1/collections/{name}/documents/{id}",
+    tag = "collections",
+    operation_id = "deleteDocument",
+    params(
+        ("name" = String, Path, description = "The collection's name"),
+        ("id" = String, Path, description = "The document's id (it may contain `/`)"),
+    ),
+    responses(
+        (status = 200, description = "`{\"id\", \"object\": \"collection.document.deleted\", \"deleted\": true}`", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+    ),
+    security(("api_key" = []))
+)]
 async fn delete_document(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -329,7 +440,7 @@ async fn delete_document(
 }
 
 /// What a search may narrow itself to.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SearchFilter {
     /// One document id or a list of them.
@@ -340,18 +451,44 @@ struct SearchFilter {
     max_age_seconds: Option<i64>,
 }
 
-#[derive(Deserialize)]
+/// A search.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SearchRequest {
+    /// What to look for (not empty).
     query: String,
+    /// Hits to return, 1 to 100 (default 5).
+    #[schema(minimum = 1, maximum = 100)]
     top_k: Option<usize>,
+    /// What to narrow the search to.
     #[serde(default)]
     filter: SearchFilter,
+    /// One hit a document, its best chunk (default true).
     group_by_document: Option<bool>,
+    /// Rerank the candidates (default true).
     rerank: Option<bool>,
+    /// `bm25`, `vector` or `hybrid` (default).
+    #[schema(value_type = Option<String>)]
     method: Option<Method>,
 }
 
+/// Searches a collection, among the chunks the caller may read.
+#[utoipa::path(
+    post,
+    path = "/v1/collections/{name}/search",
+    tag = "collections",
+    operation_id = "searchCollection",
+    params(("name" = String, Path, description = "The collection's name")),
+    request_body = SearchRequest,
+    responses(
+        (status = 200, description = "The hits (`data`) and how they were found (`search`)", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn search_route(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,

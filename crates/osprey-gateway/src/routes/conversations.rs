@@ -53,15 +53,34 @@ pub(crate) fn store(state: &AppState) -> Result<&Store, Error> {
     })
 }
 
-#[derive(Deserialize)]
+/// A new conversation.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Create {
+    /// Its first messages (`{"type": "message", "role", "content"}`), at most 20.
     #[serde(default)]
+    #[schema(max_items = 20)]
     items: Vec<Value>,
+    /// At most 16 string values.
     #[serde(default)]
     metadata: Option<Value>,
 }
 
+/// Starts a conversation for the caller (its tenant and `x-osprey-user`).
+#[utoipa::path(
+    post,
+    path = "/v1/conversations",
+    tag = "conversations",
+    operation_id = "createConversation",
+    request_body = Create,
+    responses(
+        (status = 200, description = "The conversation", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -78,6 +97,21 @@ async fn create(
     Ok(axum::Json(conversation_json(&record)))
 }
 
+/// A conversation of the caller's.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations/{id}",
+    tag = "conversations",
+    operation_id = "getConversation",
+    params(("id" = String, Path, description = "The conversation's id")),
+    responses(
+        (status = 200, description = "The conversation", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn retrieve(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -88,12 +122,31 @@ async fn retrieve(
     Ok(axum::Json(conversation_json(&record)))
 }
 
-#[derive(Deserialize)]
+/// A conversation's new metadata.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Update {
+    /// At most 16 string values.
     metadata: Value,
 }
 
+/// Replaces a conversation's metadata.
+#[utoipa::path(
+    post,
+    path = "/v1/conversations/{id}",
+    tag = "conversations",
+    operation_id = "updateConversation",
+    params(("id" = String, Path, description = "The conversation's id")),
+    request_body = Update,
+    responses(
+        (status = 200, description = "The conversation", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn update(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -109,6 +162,21 @@ async fn update(
     Ok(axum::Json(conversation_json(&record)))
 }
 
+/// Deletes a conversation and its items.
+#[utoipa::path(
+    delete,
+    path = "/v1/conversations/{id}",
+    tag = "conversations",
+    operation_id = "deleteConversation",
+    params(("id" = String, Path, description = "The conversation's id")),
+    responses(
+        (status = 200, description = "`{\"id\", \"object\": \"conversation.deleted\", \"deleted\": true}`", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn delete(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -123,6 +191,27 @@ async fn delete(
     ))
 }
 
+/// A page of a conversation's items.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations/{id}/items",
+    tag = "conversations",
+    operation_id = "listConversationItems",
+    params(
+        ("id" = String, Path, description = "The conversation's id"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Items a page (default 20)"),
+        ("order" = Option<String>, Query, description = "`desc` (default, newest first) or `asc`"),
+        ("after" = Option<String>, Query, description = "The item to list after"),
+    ),
+    responses(
+        (status = 200, description = "A page of items (`data`, `first_id`, `last_id`, `has_more`)", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn list_items(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -159,12 +248,32 @@ async fn list_items(
     Ok(axum::Json(list_json(&items, has_more)))
 }
 
-#[derive(Deserialize)]
+/// Messages to add.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct AddItems {
+    /// 1 to 20 messages (`{"type": "message", "role", "content"}`).
+    #[schema(min_items = 1, max_items = 20)]
     items: Vec<Value>,
 }
 
+/// Adds messages to a conversation.
+#[utoipa::path(
+    post,
+    path = "/v1/conversations/{id}/items",
+    tag = "conversations",
+    operation_id = "addConversationItems",
+    params(("id" = String, Path, description = "The conversation's id")),
+    request_body = AddItems,
+    responses(
+        (status = 200, description = "The items added", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn add_items(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -183,6 +292,24 @@ async fn add_items(
     Ok(axum::Json(list_json(&added, false)))
 }
 
+/// One item of a conversation.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations/{id}/items/{item}",
+    tag = "conversations",
+    operation_id = "getConversationItem",
+    params(
+        ("id" = String, Path, description = "The conversation's id"),
+        ("item" = String, Path, description = "The item's id"),
+    ),
+    responses(
+        (status = 200, description = "The item", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn retrieve_item(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -193,6 +320,24 @@ async fn retrieve_item(
     Ok(axum::Json(item_json(&record)))
 }
 
+/// Deletes one item of a conversation.
+#[utoipa::path(
+    delete,
+    path = "/v1/conversations/{id}/items/{item}",
+    tag = "conversations",
+    operation_id = "deleteConversationItem",
+    params(
+        ("id" = String, Path, description = "The conversation's id"),
+        ("item" = String, Path, description = "The item's id"),
+    ),
+    responses(
+        (status = 200, description = "The conversation", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn delete_item(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,

@@ -25,14 +25,60 @@ pub fn page() -> Router<AppState> {
 /// Its admin routes (behind the admin key).
 pub fn admin_routes() -> Router<AppState> {
     Router::new()
-        .route("/admin/models", get(super::models::list))
+        .route("/admin/models", get(models))
         .route("/admin/playground", post(playground))
 }
 
+/// Osprey's page: live charts, the request log, a playground.
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "operations",
+    operation_id = "dashboard",
+    responses((status = 200, description = "The page", body = String, content_type = "text/html"))
+)]
 async fn show() -> impl IntoResponse {
     ([(header::CACHE_CONTROL, "no-cache")], Html(PAGE))
 }
 
+/// The models served, for the playground: `GET /v1/models` behind the admin key.
+#[utoipa::path(
+    get,
+    path = "/admin/models",
+    tag = "admin",
+    operation_id = "adminListModels",
+    responses(
+        (status = 200, description = "The served models", body = osprey_core::api::ModelList),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
+async fn models(state: State<AppState>) -> axum::Json<osprey_core::api::ModelList> {
+    super::models::list(state).await
+}
+
+/// A chat completion as the open tenant, past the rate limits, for the dashboard's playground.
+#[utoipa::path(
+    post,
+    path = "/admin/playground",
+    tag = "admin",
+    operation_id = "playground",
+    request_body = osprey_core::api::ChatCompletionRequest,
+    responses(
+        (status = 200, description = "The answer, as `POST /v1/chat/completions` gives it", content(
+            (osprey_core::api::ChatCompletion = "application/json"),
+            (String = "text/event-stream"),
+        )),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 429, response = crate::openapi::RateLimited),
+        (status = 502, response = crate::openapi::BadGateway),
+        (status = 503, response = crate::openapi::Unavailable),
+        (status = 504, response = crate::openapi::GatewayTimeout),
+        crate::openapi::AdminErrors,
+    ),
+    security(("admin_key" = []))
+)]
 async fn playground(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let mut admitted = state.edge().unguarded();
     admitted.model = (serde_json::from_slice::<serde_json::Value>(&body).ok())

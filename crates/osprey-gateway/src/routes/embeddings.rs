@@ -20,17 +20,39 @@ use crate::state::AppState;
 /// Inputs one request may embed.
 const MAX_INPUTS: usize = 2048;
 
-#[derive(Deserialize)]
+/// What to embed.
+#[derive(Deserialize, utoipa::ToSchema)]
 struct EmbeddingRequest {
+    /// A string, or a list of 1 to 2048 strings, none empty.
     input: Value,
+    /// The embedding model (there is one; any other name is a 404).
     model: Option<String>,
+    /// `float` (default) or `base64`.
     encoding_format: Option<String>,
+    /// The model's own, 384, if given.
     dimensions: Option<usize>,
+    /// The end user (recorded by OpenAI; unused here).
     #[allow(dead_code)]
     user: Option<String>,
 }
 
 /// `POST /v1/embeddings`.
+#[utoipa::path(
+    post,
+    path = "/v1/embeddings",
+    tag = "embeddings",
+    operation_id = "createEmbedding",
+    request_body = EmbeddingRequest,
+    responses(
+        (status = 200, description = "One embedding per input (`data`), the model and the \
+            tokens read (`usage`)", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 pub async fn create(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let req: EmbeddingRequest = serde_json::from_slice(&body)
         .map_err(|e| Error::invalid("body", format!("Invalid request body: {e}")))?;

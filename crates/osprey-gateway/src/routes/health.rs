@@ -7,6 +7,13 @@ use axum::response::IntoResponse;
 use crate::state::AppState;
 
 /// Liveness: the process answers.
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "operations",
+    operation_id = "health",
+    responses((status = 200, description = "`{\"status\": \"ok\"}`", body = Object))
+)]
 pub async fn health() -> impl IntoResponse {
     (
         StatusCode::OK,
@@ -16,6 +23,16 @@ pub async fn health() -> impl IntoResponse {
 
 /// Readiness: 200 once the local model is loaded, or one of its workers is live (at once
 /// without either), 503 before.
+#[utoipa::path(
+    get,
+    path = "/ready",
+    tag = "operations",
+    operation_id = "ready",
+    responses(
+        (status = 200, description = "Ready (`status`, the model, its workers or upstreams)", body = Object),
+        (status = 503, description = "Not yet: the model loading, or no worker live", body = Object),
+    )
+)]
 pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
     if let Some(pool) = state.pool() {
         let workers = pool.workers();
@@ -64,9 +81,24 @@ pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 /// Prometheus text exposition (404 with metrics off).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    operation_id = "metrics",
+    responses(
+        (status = 200, description = "Prometheus text exposition", body = String,
+            content_type = "text/plain"),
+        (status = 404, response = crate::openapi::NotFound),
+    )
+)]
 pub async fn metrics(State(state): State<AppState>) -> axum::response::Response {
     let Some(handle) = crate::metrics::install() else {
-        return (StatusCode::NOT_FOUND, "metrics are off (--no-metrics)").into_response();
+        let off = osprey_core::Error::new(
+            osprey_core::ErrorKind::NotFound,
+            "Metrics are off (--no-metrics).",
+        );
+        return crate::error::ApiError(off).into_response();
     };
     // Staleness is read when scraped: it grows with time, not with events.
     let library = state.library().clone();

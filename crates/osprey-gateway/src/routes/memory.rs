@@ -48,12 +48,29 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
-#[derive(Deserialize)]
+/// A fact to keep.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewFact {
+    /// 1 to 1000 characters.
     content: String,
 }
 
+/// Keeps a fact about the caller's user (the same text again is the fact kept before).
+#[utoipa::path(
+    post,
+    path = "/v1/memory/facts",
+    tag = "memory",
+    operation_id = "addFact",
+    request_body = NewFact,
+    responses(
+        (status = 200, description = "The fact", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn add_fact(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -72,6 +89,19 @@ async fn add_fact(
     Ok(axum::Json(fact_json(&record)))
 }
 
+/// The user's facts, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/memory/facts",
+    tag = "memory",
+    operation_id = "listFacts",
+    responses(
+        (status = 200, description = "A list of facts", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn list_facts(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -81,6 +111,21 @@ async fn list_facts(
     Ok(axum::Json(json!({"object": "list", "data": data})))
 }
 
+/// Forgets a fact.
+#[utoipa::path(
+    delete,
+    path = "/v1/memory/facts/{id}",
+    tag = "memory",
+    operation_id = "deleteFact",
+    params(("id" = String, Path, description = "The fact's id")),
+    responses(
+        (status = 200, description = "`{\"id\", \"object\": \"memory.fact.deleted\", \"deleted\": true}`", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn delete_fact(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -92,14 +137,34 @@ async fn delete_fact(
     ))
 }
 
-#[derive(Deserialize)]
+/// A scratchpad's content.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Scratchpad {
+    /// At most 64 KiB.
     content: String,
+    /// Its life, 1 s to a week (default an hour).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 604800)]
     ttl_seconds: Option<u64>,
 }
 
+/// Writes a scratchpad, to expire after `ttl_seconds` (default an hour).
+#[utoipa::path(
+    put,
+    path = "/v1/memory/working/{name}",
+    tag = "memory",
+    operation_id = "writeScratchpad",
+    params(("name" = String, Path, description = "1 to 64 letters, digits, `.`, `_` or `-`")),
+    request_body = Scratchpad,
+    responses(
+        (status = 200, description = "The scratchpad", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn write_working(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -124,6 +189,21 @@ async fn write_working(
     Ok(axum::Json(working_json(&record)))
 }
 
+/// A scratchpad that has not expired.
+#[utoipa::path(
+    get,
+    path = "/v1/memory/working/{name}",
+    tag = "memory",
+    operation_id = "readScratchpad",
+    params(("name" = String, Path, description = "The scratchpad's name")),
+    responses(
+        (status = 200, description = "The scratchpad", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn read_working(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -133,6 +213,19 @@ async fn read_working(
     Ok(axum::Json(working_json(&record)))
 }
 
+/// The user's scratchpads that have not expired.
+#[utoipa::path(
+    get,
+    path = "/v1/memory/working",
+    tag = "memory",
+    operation_id = "listScratchpads",
+    responses(
+        (status = 200, description = "A list of scratchpads", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn list_working(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -142,6 +235,21 @@ async fn list_working(
     Ok(axum::Json(json!({"object": "list", "data": data})))
 }
 
+/// Deletes a scratchpad.
+#[utoipa::path(
+    delete,
+    path = "/v1/memory/working/{name}",
+    tag = "memory",
+    operation_id = "deleteScratchpad",
+    params(("name" = String, Path, description = "The scratchpad's name")),
+    responses(
+        (status = 200, description = "`{\"name\", \"object\": \"memory.working.deleted\", \"deleted\": true}`", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn delete_working(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,

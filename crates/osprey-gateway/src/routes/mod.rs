@@ -1,26 +1,27 @@
-//! The HTTP surface: OpenAI-compatible routes plus health, readiness and metrics.
+//! The HTTP surface: OpenAI-compatible routes plus health, readiness and metrics; each handler
+//! documents itself for the OpenAPI document ([`crate::openapi`]).
 
-mod admin;
-mod admin_engine;
-mod admin_prompts;
-mod admin_requests;
-mod admin_users;
-mod dashboard;
+pub(crate) mod admin;
+pub(crate) mod admin_engine;
+pub(crate) mod admin_prompts;
+pub(crate) mod admin_requests;
+pub(crate) mod admin_users;
+pub(crate) mod dashboard;
 pub use admin_prompts::valid_name as valid_prompt_name;
-mod admin_runs;
+pub(crate) mod admin_runs;
 pub mod auto;
 pub mod batches;
 mod chat;
 pub mod collections;
 mod completions;
 pub mod conversations;
-mod embeddings;
+pub(crate) mod embeddings;
 mod faults;
-mod health;
-mod memory;
-mod models;
-mod moderations;
-mod responses;
+pub(crate) mod health;
+pub(crate) mod memory;
+pub(crate) mod models;
+pub(crate) mod moderations;
+pub(crate) mod responses;
 mod worker;
 
 use std::convert::Infallible;
@@ -111,6 +112,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .merge(listing)
         .merge(files)
         .merge(dashboard::page())
+        .route("/openapi.json", get(crate::openapi::serve))
         .merge(admin::router(state.clone(), config.fault_injection));
     finish(routes, state, config)
 }
@@ -130,6 +132,7 @@ fn finish(routes: Router<AppState>, state: AppState, config: &HttpConfig) -> Rou
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn(crate::error::enveloped))
         .layer(axum::middleware::from_fn(crate::telemetry::trace))
         .layer(axum::middleware::from_fn(crate::metrics::track))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
@@ -651,6 +654,28 @@ pub(crate) async fn chat_answer(
     Ok(answer)
 }
 
+/// Creates a chat completion: the answer to a conversation, streamed or whole, from the model
+/// the body names (served locally, by workers, by an upstream, or by the tier `auto` picks).
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    tag = "generation",
+    operation_id = "createChatCompletion",
+    request_body = osprey_core::api::ChatCompletionRequest,
+    responses(
+        (status = 200, description = "The answer; with `\"stream\": true`, server-sent events, \
+            each `data:` a `ChatCompletionChunk`, then `data: [DONE]`", content(
+            (osprey_core::api::ChatCompletion = "application/json"),
+            (String = "text/event-stream"),
+        )),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 502, response = crate::openapi::BadGateway),
+        (status = 504, response = crate::openapi::GatewayTimeout),
+        crate::openapi::EdgeErrors,
+    ),
+    security(("api_key" = []))
+)]
 async fn chat_completions(
     State(state): State<AppState>,
     admitted: Option<Extension<Admitted>>,
@@ -661,6 +686,27 @@ async fn chat_completions(
     generate_for("/v1/chat/completions", state, admitted, &headers, body).await
 }
 
+/// Creates a text completion of one or more prompts, streamed or whole.
+#[utoipa::path(
+    post,
+    path = "/v1/completions",
+    tag = "generation",
+    operation_id = "createCompletion",
+    request_body = osprey_core::api::CompletionRequest,
+    responses(
+        (status = 200, description = "The completions; with `\"stream\": true`, server-sent \
+            events, each `data:` a `Completion` chunk, then `data: [DONE]`", content(
+            (osprey_core::api::Completion = "application/json"),
+            (String = "text/event-stream"),
+        )),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 502, response = crate::openapi::BadGateway),
+        (status = 504, response = crate::openapi::GatewayTimeout),
+        crate::openapi::EdgeErrors,
+    ),
+    security(("api_key" = []))
+)]
 async fn completions(
     State(state): State<AppState>,
     admitted: Option<Extension<Admitted>>,

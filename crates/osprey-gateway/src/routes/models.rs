@@ -46,6 +46,17 @@ fn cards(state: &AppState) -> Vec<ModelCard> {
 }
 
 /// The served models: the local one (or the workers'), and every upstream.
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    tag = "models",
+    operation_id = "listModels",
+    responses(
+        (status = 200, description = "The served models", body = ModelList),
+        (status = 401, response = crate::openapi::Unauthorized),
+    ),
+    security(("api_key" = []))
+)]
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     Json(ModelList {
         object: "list".into(),
@@ -54,6 +65,19 @@ pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
 }
 
 /// One model, or 404.
+#[utoipa::path(
+    get,
+    path = "/v1/models/{id}",
+    tag = "models",
+    operation_id = "getModel",
+    params(("id" = String, Path, description = "The model's name (it may contain `/`)")),
+    responses(
+        (status = 200, description = "The model", body = ModelCard),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+    ),
+    security(("api_key" = []))
+)]
 pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,

@@ -37,6 +37,27 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// `POST /v1/responses`.
+#[utoipa::path(
+    post,
+    path = "/v1/responses",
+    tag = "generation",
+    operation_id = "createResponse",
+    request_body = crate::agent::wire::ResponsesRequest,
+    responses(
+        (status = 200, description = "The run as a response object (finished, failed, or \
+            paused for an approval or a client's function call); with `\"stream\": true`, \
+            server-sent events of its progress", content(
+            (Object = "application/json"),
+            (String = "text/event-stream"),
+        )),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 502, response = crate::openapi::BadGateway),
+        (status = 504, response = crate::openapi::GatewayTimeout),
+        crate::openapi::EdgeErrors,
+    ),
+    security(("api_key" = []))
+)]
 pub async fn create(
     State(state): State<AppState>,
     admitted: Option<Extension<Admitted>>,
@@ -50,6 +71,21 @@ pub async fn create(
     Ok(response)
 }
 
+/// A run of the caller's, as a response object.
+#[utoipa::path(
+    get,
+    path = "/v1/responses/{id}",
+    tag = "responses",
+    operation_id = "getResponse",
+    params(("id" = String, Path, description = "The response's id")),
+    responses(
+        (status = 200, description = "The response object", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn read(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -73,6 +109,22 @@ pub async fn steps_json(state: &AppState, id: &str) -> Result<Value, Error> {
     Ok(json!({"object": "list", "data": data}))
 }
 
+/// What a run of the caller's did, step by step.
+#[utoipa::path(
+    get,
+    path = "/v1/responses/{id}/steps",
+    tag = "responses",
+    operation_id = "listResponseSteps",
+    params(("id" = String, Path, description = "The response's id")),
+    responses(
+        (status = 200, description = "A list of steps (`n`, `kind`, `tokens`, `duration_ms`, \
+            `at`, `detail`)", body = Object),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn steps(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -82,10 +134,14 @@ async fn steps(
     Ok(Json(steps_json(&state, &id).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// Only runs in this status.
     status: Option<String>,
+    /// Runs a page, 1 to 100 (default 20).
     limit: Option<i64>,
+    /// The run to list after.
     after: Option<String>,
 }
 
@@ -104,6 +160,21 @@ pub fn list_json(records: &[osprey_store::RunRecord], limit: i64) -> Value {
         "last_id": records.last().map(|r| r.id.clone())})
 }
 
+/// The caller's runs, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/responses",
+    tag = "responses",
+    operation_id = "listResponses",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of runs (`data`, `has_more`, `last_id`)", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -124,9 +195,9 @@ async fn list(
 }
 
 /// An approval or rejection.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Answer {
+pub(crate) struct Answer {
     /// The request answered (default: the run's only pending one).
     pub approval_request_id: Option<String>,
     /// Why.
@@ -160,6 +231,23 @@ pub async fn decide(
     Ok(response)
 }
 
+/// Approves a call a paused run of the caller's waits on, and runs on.
+#[utoipa::path(
+    post,
+    path = "/v1/responses/{id}/approve",
+    tag = "responses",
+    operation_id = "approveResponse",
+    params(("id" = String, Path, description = "The response's id")),
+    request_body(content = Answer, description = "Optional: which request, and why"),
+    responses(
+        (status = 200, description = "The run, resumed", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn approve(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -169,6 +257,23 @@ async fn approve(
     decide(&state, Some(&caller.owner(None)), &id, &body, true).await
 }
 
+/// Rejects a call a paused run of the caller's waits on, and runs on.
+#[utoipa::path(
+    post,
+    path = "/v1/responses/{id}/reject",
+    tag = "responses",
+    operation_id = "rejectResponse",
+    params(("id" = String, Path, description = "The response's id")),
+    request_body(content = Answer, description = "Optional: which request, and why"),
+    responses(
+        (status = 200, description = "The run, resumed", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn reject(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -178,6 +283,22 @@ async fn reject(
     decide(&state, Some(&caller.owner(None)), &id, &body, false).await
 }
 
+/// Cancels a paused run of the caller's.
+#[utoipa::path(
+    post,
+    path = "/v1/responses/{id}/cancel",
+    tag = "responses",
+    operation_id = "cancelResponse",
+    params(("id" = String, Path, description = "The response's id")),
+    responses(
+        (status = 200, description = "The run, cancelled", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn cancel(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -218,6 +339,23 @@ async fn cancel(
     Ok(Json(runner::show(&state, &stored)))
 }
 
+/// Runs a run's request again, as a new response.
+#[utoipa::path(
+    post,
+    path = "/v1/responses/{id}/replay",
+    tag = "responses",
+    operation_id = "replayResponse",
+    params(("id" = String, Path, description = "The response's id")),
+    responses(
+        (status = 200, description = "The new run", body = Object),
+        (status = 400, response = crate::openapi::InvalidRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, response = crate::openapi::NotFound),
+        (status = 502, response = crate::openapi::BadGateway),
+        (status = 503, response = crate::openapi::Unavailable),
+    ),
+    security(("api_key" = []))
+)]
 async fn replay(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
