@@ -19,6 +19,7 @@ async fn serve(state: AppState) -> String {
     let addr = listener.local_addr().unwrap();
     let config = HttpConfig {
         max_body_bytes: 1 << 20,
+        ..HttpConfig::default()
     };
     tokio::spawn(async move {
         osprey_gateway::serve(listener, state, &config, std::future::pending()).await
