@@ -204,15 +204,21 @@ impl Upstream {
             let chunks = response.bytes_stream().map(move |chunk| match chunk {
                 Ok(bytes) => match meter.feed(&bytes) {
                     Ok(()) => Ok(bytes),
-                    Err(NotJson) => Err(stream_error_event(
-                        &name,
-                        "invalid",
-                        Error::new(
-                            ErrorKind::BadGateway,
-                            format!("The upstream for `{name}` sent an event that is not JSON."),
-                        )
-                        .with_code("upstream_invalid_response"),
-                    )),
+                    // What came before the bad event goes on; the error event ends the stream.
+                    Err(NotJson { line_start }) => {
+                        let event = stream_error_event(
+                            &name,
+                            "invalid",
+                            Error::new(
+                                ErrorKind::BadGateway,
+                                format!(
+                                    "The upstream for `{name}` sent an event that is not JSON."
+                                ),
+                            )
+                            .with_code("upstream_invalid_response"),
+                        );
+                        Err([&bytes[..line_start], &event[..]].concat().into())
+                    }
                 },
                 Err(e) => Err(stream_error_event(
                     &name,
@@ -470,8 +476,11 @@ fn usage_of(bytes: &[u8]) -> Option<Usage> {
     serde_json::from_slice::<WithUsage>(bytes).ok()?.usage
 }
 
-/// An upstream's stream event whose data is not JSON.
-struct NotJson;
+/// An upstream's stream event whose data is not JSON; its line starts at `line_start` in the
+/// chunk being read (0 when it began in an earlier one).
+struct NotJson {
+    line_start: usize,
+}
 
 /// Watches an SSE stream go by: takes the usage chunk if the upstream sends one, counts
 /// content chunks otherwise, and reports when the stream is dropped.
@@ -494,11 +503,12 @@ impl StreamMeter {
 
     /// Reads `bytes` of the stream; an event whose data is not JSON (nor `[DONE]`) is an error.
     fn feed(&mut self, bytes: &[u8]) -> Result<(), NotJson> {
-        for &b in bytes {
+        for (i, &b) in bytes.iter().enumerate() {
             if b != b'\n' {
                 self.line.push(b);
                 continue;
             }
+            let line_start = (i + 1).saturating_sub(self.line.len() + 1);
             if let Some(data) = self.line.strip_prefix(b"data:") {
                 let data = data.trim_ascii();
                 if data != b"[DONE]" {
@@ -508,7 +518,7 @@ impl StreamMeter {
                     {
                         self.reported = Some(u);
                     } else if serde_json::from_slice::<serde::de::IgnoredAny>(data).is_err() {
-                        return Err(NotJson);
+                        return Err(NotJson { line_start });
                     }
                 }
             }

@@ -128,11 +128,11 @@ pub struct ServeArgs {
     pub ttft_slo: Option<f64>,
     /// Where keys and state live: sqlite://PATH (default: $OSPREY_HOME/osprey.db) or
     /// postgres://USER@HOST/DB.
-    #[arg(long, env = "OSPREY_STORE")]
+    #[arg(long, env = "OSPREY_STORE", hide_env_values = true)]
     pub store: Option<String>,
     /// Share rate limits, key revocations and the response cache with other replicas through
     /// this Redis.
-    #[arg(long, env = "OSPREY_REDIS")]
+    #[arg(long, env = "OSPREY_REDIS", hide_env_values = true)]
     pub redis: Option<String>,
     /// Gateway replicas sharing the limits: while Redis is down each enforces this share.
     #[arg(long, env = "OSPREY_REPLICAS", default_value_t = 1)]
@@ -243,7 +243,7 @@ pub struct EngineArgs {
     #[arg(long, env = "OSPREY_KV_COLD_DIR")]
     pub kv_cold_dir: Option<PathBuf>,
     /// Redis for the shared KV tier, so workers and replicas reuse each other's prefixes.
-    #[arg(long, env = "OSPREY_KV_REDIS")]
+    #[arg(long, env = "OSPREY_KV_REDIS", hide_env_values = true)]
     pub kv_redis: Option<String>,
     /// Seconds a block lives in the shared tier.
     #[arg(long, env = "OSPREY_KV_REDIS_TTL", default_value_t = 3600)]

@@ -161,6 +161,17 @@ pub fn policies(file: &ConfigFile) -> anyhow::Result<osprey_gateway::safety::Pol
 }
 
 /// The store URL: `--store`, or the default SQLite file under `$OSPREY_HOME`.
+/// `url` with any password in it replaced by `***`, for logs and messages.
+pub fn without_password(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+
 pub fn store_url(flag: &Option<String>) -> anyhow::Result<String> {
     Ok(match flag {
         Some(url) => url.clone(),
@@ -291,13 +302,12 @@ async fn serve(
     let store_url = store_url(&args.store)?;
     let store = Store::open(&store_url)
         .await
-        .with_context(|| format!("opening the store {store_url}"))?;
+        .with_context(|| format!("opening the store {}", without_password(&store_url)))?;
     let auth = Authenticator::new(store.clone()).await?;
     auth.spawn_refresh_task();
     let limiter = match &args.redis {
-        Some(url) => {
-            RateLimiter::with_redis(url, args.replicas).with_context(|| format!("--redis {url}"))?
-        }
+        Some(url) => RateLimiter::with_redis(url, args.replicas)
+            .with_context(|| format!("--redis {}", without_password(url)))?,
         None => RateLimiter::local(),
     };
     let edge = Edge::new(edge_config(&args, &file), auth.clone(), limiter);
@@ -333,7 +343,7 @@ async fn serve(
         (_, true) => None,
         (Some(url), false) => Some(
             osprey_gateway::cache::ResponseCache::redis(url)
-                .with_context(|| format!("--redis {url}"))?,
+                .with_context(|| format!("--redis {}", without_password(url)))?,
         ),
         (None, false) => Some(osprey_gateway::cache::ResponseCache::memory()),
     })
@@ -362,7 +372,7 @@ async fn serve(
     } else {
         "API keys required"
     };
-    tracing::info!(%addr, models = ?models, store = %store_url, limits = if args.redis.is_some() { "shared (Redis)" } else { "local" }, "listening; {access}");
+    tracing::info!(%addr, models = ?models, store = %without_password(&store_url), limits = if args.redis.is_some() { "shared (Redis)" } else { "local" }, "listening; {access}");
     let http = HttpConfig {
         max_body_bytes: args.max_body_bytes,
         fault_injection: args.fault_injection,
@@ -407,4 +417,20 @@ pub async fn shutdown_signal() {
         () = term => {},
     }
     tracing::info!("shutting down: finishing in-flight requests");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_password;
+
+    #[test]
+    fn a_password_in_a_url_never_reaches_a_log() {
+        let logged = without_password("postgres://osprey:s3cret@db:5432/osprey");
+        assert_eq!(logged, "postgres://osprey:***@db:5432/osprey");
+        assert_eq!(without_password("sqlite:///tmp/o.db"), "sqlite:///tmp/o.db");
+        assert_eq!(
+            without_password("redis://10.0.0.1:6379"),
+            "redis://10.0.0.1:6379"
+        );
+    }
 }
