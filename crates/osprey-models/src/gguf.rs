@@ -79,7 +79,8 @@ impl GgufFile {
     pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
         let info = self.content.tensor_infos.get(name)?;
         let start = (self.content.tensor_data_offset + info.offset) as usize;
-        let len = tensor_size(info.ggml_dtype, info.shape.elem_count());
+        let len = tensor_size(info.ggml_dtype, info.shape.elem_count())
+            .expect("every tensor's size was checked at open");
         Some(TensorView {
             dtype: info.ggml_dtype,
             dims: info.shape.dims(),
@@ -156,11 +157,15 @@ impl GgufFile {
     /// Every tensor must lie inside the file: checked once so `tensor` can slice freely.
     fn check_tensor_bounds(&self) -> Result<()> {
         for (name, info) in &self.content.tensor_infos {
-            let elems = info.shape.elem_count();
             let invalid = |reason: String| ModelError::InvalidGguf {
                 path: self.path.display().to_string(),
                 reason,
             };
+            // The header's dimensions are untrusted: their product may not fit (found by the
+            // `gguf_header` fuzz target).
+            let elems = (info.shape.dims().iter())
+                .try_fold(1usize, |n, &d| n.checked_mul(d))
+                .ok_or_else(|| invalid(format!("tensor `{name}` has more elements than fit")))?;
             if elems % info.ggml_dtype.block_size() != 0 {
                 return Err(invalid(format!(
                     "tensor `{name}` has {elems} elements, not a multiple of its block size"
@@ -168,7 +173,7 @@ impl GgufFile {
             }
             let end = (self.content.tensor_data_offset)
                 .checked_add(info.offset)
-                .and_then(|s| s.checked_add(tensor_size(info.ggml_dtype, elems) as u64));
+                .and_then(|s| s.checked_add(tensor_size(info.ggml_dtype, elems)? as u64));
             if end.is_none_or(|end| end > self.map.len() as u64) {
                 return Err(invalid(format!(
                     "tensor `{name}` extends past the end of the file"
@@ -179,8 +184,8 @@ impl GgufFile {
     }
 }
 
-fn tensor_size(dtype: GgmlDType, elems: usize) -> usize {
-    elems / dtype.block_size() * dtype.type_size()
+fn tensor_size(dtype: GgmlDType, elems: usize) -> Option<usize> {
+    (elems / dtype.block_size()).checked_mul(dtype.type_size())
 }
 
 fn missing(key: &str) -> ModelError {

@@ -149,8 +149,8 @@ fn gunzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The text of a PDF. The PDF reader panics on some malformed files rather than returning an
-/// error (found by the `ingest` fuzz target); such a file is refused like any unreadable one.
+/// The text of a PDF. The PDF reader is known to panic on some malformed files rather than
+/// return an error; such a file is refused like any unreadable one.
 fn pdf_text(bytes: &[u8]) -> Result<String, String> {
     let read = std::panic::catch_unwind(|| pdf_extract::extract_text_from_mem(bytes));
     match read {
@@ -276,7 +276,7 @@ mod tests {
 
     #[test]
     fn a_malformed_pdf_is_an_error_not_a_panic() {
-        // Shapes that made the PDF reader panic under the `ingest` fuzz target.
+        // A catalog without its pages, and a bare header.
         for bytes in [&b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\ntrailer\n<< /Root 1 0 R >>\n%%EOF"[..], b"%PDF-"] {
             assert!(parse("x.pdf", "upload", bytes).is_err());
         }
