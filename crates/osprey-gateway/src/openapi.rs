@@ -18,20 +18,23 @@
 //!   panics fails its request, not the server);
 //! - bodies the handlers build as free-form JSON are documented as JSON objects, not given an
 //!   invented shape;
-//! - streamed answers (`"stream": true`) are `text/event-stream`: each `data:` line one JSON
-//!   chunk, then `data: [DONE]`;
+//! - streamed answers (`"stream": true`) are `text/event-stream`, documented event by event
+//!   (`ChatCompletionEvent`…: each `data:` one JSON chunk, then `data: [DONE]`), the way
+//!   OpenAPI 3.2's `itemSchema` and schemathesis read a stream;
 //! - `api_key` is a tenant's key (`Authorization: Bearer osk-…`); a server on which no key was
 //!   ever created lets requests in without one. `admin_key` is the server's `--admin-key`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use axum::http::header;
 use axum::response::IntoResponse;
-use utoipa::openapi::schema::{AllOfBuilder, Ref, Schema};
+use serde_json::{Value, json};
+use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Ref, Schema};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, RefOr, Response, ResponseBuilder};
-use utoipa::{IntoResponses, Modify, OpenApi, ToResponse};
+use utoipa::{IntoResponses, Modify, OpenApi, PartialSchema, ToResponse, ToSchema};
 
 use crate::routes;
 
@@ -161,11 +164,97 @@ pub const ADMIN_KEY: &str = "admin_key";
 pub struct ApiDoc;
 
 /// The document as served, built once.
-static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
-    ApiDoc::openapi()
-        .to_json()
-        .expect("the OpenAPI document serialises")
-});
+static DOCUMENT: LazyLock<String> = LazyLock::new(|| document().to_string());
+
+/// The document: what the derive writes, with the stream events' schemas put in (utoipa's
+/// schema model has no `if`/`else` or `contentSchema`, so they are written as JSON here).
+pub fn document() -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serialises");
+    let schemas = &mut doc["components"]["schemas"];
+    let chunk = |name: &str| json!({"anyOf": [schema_ref(name), schema_ref("ErrorResponse")]});
+    schemas[ChatCompletionEvent::NAME] = event(
+        ChatCompletionEvent::ABOUT,
+        chunk("ChatCompletionChunk"),
+        true,
+    );
+    schemas[CompletionEvent::NAME] = event(CompletionEvent::ABOUT, chunk("Completion"), true);
+    schemas[ResponseEvent::NAME] = event(ResponseEvent::ABOUT, json!({"type": "object"}), false);
+    doc
+}
+
+fn schema_ref(schema: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{schema}")})
+}
+
+/// The schema of one server-sent event (as schemathesis and OpenAPI 3.2's `itemSchema` read
+/// a stream: `{event, data, id}`), whose `data` is JSON under `payload`; with `done`, the
+/// stream ends with `data: [DONE]`, as OpenAI's do.
+fn event(about: &str, payload: Value, done: bool) -> Value {
+    let json_data = json!({"properties": {"data": {
+        "contentMediaType": "application/json",
+        "contentSchema": payload,
+    }}});
+    let mut event = json!({
+        "description": about,
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "event": {"type": "string"},
+            "id": {"type": "string"},
+            "data": {"type": "string"},
+        },
+    });
+    match done {
+        true => {
+            event["if"] = json!({"properties": {"data": {"const": "[DONE]"}}});
+            event["else"] = json_data;
+        }
+        false => event["allOf"] = json!([json_data]),
+    }
+    event
+}
+
+/// Declares the schema of a stream's events: a component the derive references by name, whose
+/// content [`document`] writes.
+macro_rules! stream_event {
+    ($name:ident, $about:literal) => {
+        #[doc = $about]
+        pub struct $name;
+
+        impl $name {
+            const NAME: &str = stringify!($name);
+            const ABOUT: &str = $about;
+        }
+
+        impl PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                ObjectBuilder::new().description(Some($about)).into()
+            }
+        }
+
+        impl ToSchema for $name {
+            fn name() -> Cow<'static, str> {
+                Cow::Borrowed(Self::NAME)
+            }
+        }
+    };
+}
+
+stream_event!(
+    ChatCompletionEvent,
+    "An event of a streamed chat completion: a `ChatCompletionChunk`, an error in the envelope \
+     (the stream then ends), or `[DONE]`."
+);
+stream_event!(
+    CompletionEvent,
+    "An event of a streamed completion: a `Completion` chunk, an error in the envelope (the \
+     stream then ends), or `[DONE]`."
+);
+stream_event!(
+    ResponseEvent,
+    "An event of a streamed agent run, named by its `event` (`response.created`, \
+     `response.output_item.done`…), its `data` a JSON object."
+);
 
 /// This document.
 #[utoipa::path(

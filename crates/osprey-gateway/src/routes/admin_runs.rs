@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::responses::{decide, list_json, steps_json};
+use super::responses::{decide, list_json, runs_page, steps_json};
 use crate::agent::runner;
 use crate::error::{ApiError, store_error};
 use crate::state::AppState;
@@ -66,13 +66,12 @@ async fn list(
     let query = osprey_store::RunQuery {
         tenant: q.tenant,
         user: q.user,
-        status: q.status,
-        before: q.after,
+        status: q.status.filter(|s| !s.is_empty()),
+        before: q.after.filter(|a| !a.is_empty()),
         limit: Some(limit),
     };
     let store = crate::routes::conversations::store(&state)?;
-    let records = store.runs(&query).await.map_err(store_error)?;
-    Ok(Json(list_json(&records, limit)))
+    Ok(Json(list_json(&runs_page(store, &query).await?, limit)))
 }
 
 /// A run, with its tenant, user and steps.

@@ -63,11 +63,15 @@ async fn models(state: State<AppState>) -> axum::Json<osprey_core::api::ModelLis
     path = "/admin/playground",
     tag = "admin",
     operation_id = "playground",
-    request_body = osprey_core::api::ChatCompletionRequest,
+    request_body(content = osprey_core::api::ChatCompletionRequest, example = json!({
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 8
+    })),
     responses(
         (status = 200, description = "The answer, as `POST /v1/chat/completions` gives it", content(
             (osprey_core::api::ChatCompletion = "application/json"),
-            (String = "text/event-stream"),
+            (crate::openapi::ChatCompletionEvent = "text/event-stream"),
         )),
         (status = 400, response = crate::openapi::InvalidRequest),
         (status = 404, response = crate::openapi::NotFound),

@@ -661,12 +661,16 @@ pub(crate) async fn chat_answer(
     path = "/v1/chat/completions",
     tag = "generation",
     operation_id = "createChatCompletion",
-    request_body = osprey_core::api::ChatCompletionRequest,
+    request_body(content = osprey_core::api::ChatCompletionRequest, example = json!({
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 8
+    })),
     responses(
         (status = 200, description = "The answer; with `\"stream\": true`, server-sent events, \
             each `data:` a `ChatCompletionChunk`, then `data: [DONE]`", content(
             (osprey_core::api::ChatCompletion = "application/json"),
-            (String = "text/event-stream"),
+            (crate::openapi::ChatCompletionEvent = "text/event-stream"),
         )),
         (status = 400, response = crate::openapi::InvalidRequest),
         (status = 404, response = crate::openapi::NotFound),
@@ -692,12 +696,16 @@ async fn chat_completions(
     path = "/v1/completions",
     tag = "generation",
     operation_id = "createCompletion",
-    request_body = osprey_core::api::CompletionRequest,
+    request_body(content = osprey_core::api::CompletionRequest, example = json!({
+        "model": "smollm2-135m-instruct",
+        "prompt": "Once upon a time",
+        "max_tokens": 8
+    })),
     responses(
         (status = 200, description = "The completions; with `\"stream\": true`, server-sent \
             events, each `data:` a `Completion` chunk, then `data: [DONE]`", content(
             (osprey_core::api::Completion = "application/json"),
-            (String = "text/event-stream"),
+            (crate::openapi::CompletionEvent = "text/event-stream"),
         )),
         (status = 400, response = crate::openapi::InvalidRequest),
         (status = 404, response = crate::openapi::NotFound),

@@ -42,13 +42,18 @@ pub fn routes() -> Router<AppState> {
     path = "/v1/responses",
     tag = "generation",
     operation_id = "createResponse",
-    request_body = crate::agent::wire::ResponsesRequest,
+    request_body(content = crate::agent::wire::ResponsesRequest, example = json!({
+        "model": "smollm2-135m-instruct",
+        "input": "What is 6 times 7?",
+        "tools": [{"type": "calculator"}],
+        "max_output_tokens": 16
+    })),
     responses(
         (status = 200, description = "The run as a response object (finished, failed, or \
             paused for an approval or a client's function call); with `\"stream\": true`, \
             server-sent events of its progress", content(
             (Object = "application/json"),
-            (String = "text/event-stream"),
+            (crate::openapi::ResponseEvent = "text/event-stream"),
         )),
         (status = 400, response = crate::openapi::InvalidRequest),
         (status = 404, response = crate::openapi::NotFound),
@@ -185,13 +190,29 @@ async fn list(
     let query = osprey_store::RunQuery {
         tenant: Some(owner.tenant),
         user: Some(owner.user),
-        status: q.status,
-        before: q.after,
+        status: q.status.filter(|s| !s.is_empty()),
+        before: q.after.filter(|a| !a.is_empty()),
         limit: Some(limit),
     };
     let store = crate::routes::conversations::store(&state)?;
-    let records = store.runs(&query).await.map_err(store_error)?;
-    Ok(Json(list_json(&records, limit)))
+    Ok(Json(list_json(&runs_page(store, &query).await?, limit)))
+}
+
+/// The page of runs `query` asks for; an `after` that names no run is a bad request (the
+/// store's "not found" is about the cursor, not about what is listed).
+pub async fn runs_page(
+    store: &osprey_store::Store,
+    query: &osprey_store::RunQuery,
+) -> Result<Vec<osprey_store::RunRecord>, Error> {
+    store
+        .runs(query)
+        .await
+        .map_err(|e| match (e, &query.before) {
+            (osprey_store::StoreError::NotFound(_), Some(after)) => {
+                Error::invalid("after", format!("No run {after} to list after."))
+            }
+            (e, _) => store_error(e),
+        })
 }
 
 /// An approval or rejection.
