@@ -82,9 +82,10 @@ EOF
 
 log "st run: checks $CHECKS, $MAX_EXAMPLES examples an operation"
 set +e
-"$ST" --no-color --config-file "$WORK/schemathesis.toml" run "$URL/openapi.json" \
+# From the work dir: st keeps its cache (.schemathesis/) where it runs.
+(cd "$WORK" && "$ST" --no-color --config-file "$WORK/schemathesis.toml" run "$URL/openapi.json" \
   --checks "$CHECKS" --max-examples "$MAX_EXAMPLES" --workers "$WORKERS" --seed "$SEED" \
-  --request-timeout 120 --report junit --report-dir "$WORK" "$@" >"$WORK/st.log" 2>&1
+  --request-timeout 120 --report junit --report-dir "$WORK" "$@") >"$WORK/st.log" 2>&1
 status=$?
 set -e
 tail -40 "$WORK/st.log" >&2
