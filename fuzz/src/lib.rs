@@ -21,8 +21,11 @@ use osprey_engine::{GrammarCompiler, Prompter, TemplateMessage};
 use osprey_gateway::routes::Routed;
 use osprey_models::WeightSource;
 
+/// A fuzz target's entry point.
+pub type Target = fn(&[u8]);
+
 /// Every target, by name, as cargo-fuzz and the corpus directories know them.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("request_json", request_json),
     ("upstream_sse", upstream_sse),
     ("chat_template", chat_template),
