@@ -160,6 +160,7 @@ impl Store {
                             Ok(())
                         })
                     })
+                    .after_release(|conn, _| Box::pin(still_in_step(conn)))
                     .connect(&format!("{url}{sep}mode=rwc"))
                     .await?
             }
@@ -189,6 +190,12 @@ impl Store {
         Ok(Self { pool, backend })
     }
 
+    /// Closes every connection, waiting for those in use to come back (SQLite checkpoints its
+    /// log on the last close).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
     /// Which database this is.
     pub fn backend(&self) -> Backend {
         self.backend
@@ -209,6 +216,24 @@ impl Store {
                 .await?;
         Ok(value.map_or(0, |v| v.0))
     }
+}
+
+/// Whether a SQLite connection coming back to the pool may be used again: not if sqlx still
+/// counts a transaction open on it. That happens when SQLite rolled a transaction back by
+/// itself (a full disk, an I/O error) and sqlx's own ROLLBACK then failed: sqlx would turn the
+/// connection's next transaction into a savepoint, whose failure leaves a transaction open that
+/// nothing commits, so later writes on it are acknowledged and never kept, and the write lock
+/// it holds refuses every other connection. Such a connection is closed, which rolls back
+/// whatever it holds.
+async fn still_in_step(conn: &mut sqlx::AnyConnection) -> sqlx::Result<bool> {
+    use sqlx::Connection;
+    // A failed transaction's rollback is queued, not yet done: a ping runs after it.
+    conn.ping().await?;
+    let in_step = !conn.is_in_transaction();
+    if !in_step {
+        tracing::warn!("closing a store connection whose transaction SQLite rolled back itself");
+    }
+    Ok(in_step)
 }
 
 /// Bumps change counter `name` within `tx`, so other processes notice the change.
