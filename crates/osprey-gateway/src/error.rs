@@ -91,20 +91,39 @@ impl<S: Send + Sync, T: osprey_core::api::ApiRequest> FromRequest<S> for JsonBod
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
-            .map_err(|rejection| {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    Error::new(
-                        ErrorKind::PayloadTooLarge,
-                        "The request body is larger than this server accepts.",
-                    )
-                } else {
-                    Error::invalid(
-                        "body",
-                        format!("The request body could not be read: {rejection}"),
-                    )
-                }
-            })?;
+            .map_err(body_error)?;
         Ok(Self(osprey_core::api::parse_request(&bytes)?))
+    }
+}
+
+/// A request body that could not be read: 413 when it is over the body limit, else a 400.
+pub fn body_error(rejection: axum::extract::rejection::BytesRejection) -> Error {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        Error::new(
+            ErrorKind::PayloadTooLarge,
+            "The request body is larger than this server accepts.",
+        )
+    } else {
+        Error::invalid(
+            "body",
+            format!("The request body could not be read: {rejection}"),
+        )
+    }
+}
+
+/// A multipart form that could not be read: 413 when it is over the body limit, else a 400
+/// naming `field`.
+pub fn form_error(field: &str, e: axum::extract::multipart::MultipartError) -> Error {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        Error::new(
+            ErrorKind::PayloadTooLarge,
+            "The upload is larger than this server accepts.",
+        )
+    } else {
+        Error::invalid(
+            field,
+            format!("The form could not be read: {}", e.body_text()),
+        )
     }
 }
 

@@ -192,6 +192,14 @@ async fn documents_are_ingested_searched_and_hidden_by_acl() {
     };
     let (_, docs) = staff.get("/v1/collections/handbook/documents").await;
     assert_eq!(listed(&docs), ["battery.pdf", "guide.md", "refunds"]);
+    // The chunk counts of the listing count only what the caller may read: one (short)
+    // document more for hr.
+    let chunks = async |who: &As<'_>| {
+        let (status, list) = who.get("/v1/collections").await;
+        assert_eq!(status, 200, "{list}");
+        list["data"][0]["chunks"].as_u64().unwrap()
+    };
+    assert_eq!(chunks(&hr).await, chunks(&staff).await + 1);
     let (status, _) = staff
         .delete("/v1/collections/handbook/documents/salaries")
         .await;

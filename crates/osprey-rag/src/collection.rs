@@ -115,6 +115,12 @@ impl Collection {
         self.passages.len()
     }
 
+    /// Chunks indexed that `visibility` lets be seen.
+    pub fn visible_chunk_count(&self, visibility: &Visibility) -> Result<u64, RagError> {
+        self.passages
+            .count(self.passages.visible(visibility).as_ref())
+    }
+
     /// Indexes `documents` as `options` say, calling `progress` with each document's chunk
     /// count as it is written.
     pub fn ingest(

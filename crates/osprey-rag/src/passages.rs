@@ -271,6 +271,15 @@ impl Passages {
         Ok(found)
     }
 
+    /// How many chunks `filter` matches.
+    pub fn count(&self, filter: &dyn Query) -> Result<u64, RagError> {
+        let searcher = self.reader.searcher();
+        let n = searcher
+            .search(filter, &tantivy::collector::Count)
+            .map_err(index_error)?;
+        Ok(n as u64)
+    }
+
     /// Every chunk.
     pub fn everything(&self) -> Result<Vec<DocAddress>, RagError> {
         self.all(&AllQuery)

@@ -109,14 +109,14 @@ async fn upload(
     Extension(caller): Extension<Caller>,
     mut form: Multipart,
 ) -> Result<Response, ApiError> {
-    let bad = |m: String| Error::invalid("file", m);
+    let bad = |e| crate::error::form_error("file", e);
     let (mut purpose, mut file) = (None, None);
-    while let Some(field) = form.next_field().await.map_err(|e| bad(e.to_string()))? {
+    while let Some(field) = form.next_field().await.map_err(bad)? {
         match field.name() {
-            Some("purpose") => purpose = Some(field.text().await.map_err(|e| bad(e.to_string()))?),
+            Some("purpose") => purpose = Some(field.text().await.map_err(bad)?),
             Some("file") => {
                 let name = field.file_name().unwrap_or("upload.jsonl").to_owned();
-                file = Some((name, field.bytes().await.map_err(|e| bad(e.to_string()))?));
+                file = Some((name, field.bytes().await.map_err(bad)?));
             }
             _ => {}
         }
@@ -126,7 +126,7 @@ async fn upload(
         let m = format!("purpose `{purpose}` is not supported here (use `batch`)");
         return Err(Error::invalid("purpose", m).into());
     }
-    let (name, bytes) = file.ok_or_else(|| bad("a `file` part is required".into()))?;
+    let (name, bytes) = file.ok_or_else(|| Error::invalid("file", "a `file` part is required"))?;
     let f = store(&state)?
         .create_file(&caller.tenant.name, &name, &purpose, &bytes)
         .await

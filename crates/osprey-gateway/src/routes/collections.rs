@@ -146,7 +146,7 @@ async fn add_documents(
         false => {
             let body = Bytes::from_request(request, &state)
                 .await
-                .map_err(|e| Error::invalid("body", format!("Unreadable body: {e}")))?;
+                .map_err(crate::error::body_error)?;
             let posted: PostedDocuments = parse(&body)?;
             let documents = from_json(posted.documents)?;
             (documents, posted.acl, posted.reindex_interval_seconds)
@@ -235,27 +235,30 @@ async fn from_multipart(
     mut form: Multipart,
 ) -> Result<(Vec<Document>, Vec<String>, Option<u64>), Error> {
     let (mut documents, mut acl, mut interval) = (Vec::new(), Vec::new(), None);
-    let bad = |why: String| Error::invalid("body", why);
-    while let Some(field) = form.next_field().await.map_err(|e| bad(e.to_string()))? {
+    let bad = |e| crate::error::form_error("body", e);
+    while let Some(field) = form.next_field().await.map_err(bad)? {
         let field_name = field.name().unwrap_or_default().to_owned();
         match (field_name.as_str(), field.file_name().map(str::to_owned)) {
             (_, Some(filename)) => {
-                let bytes = field.bytes().await.map_err(|e| bad(e.to_string()))?;
+                let bytes = field.bytes().await.map_err(bad)?;
                 let parsed = osprey_rag::document::parse(&filename, &filename, &bytes)
                     .map_err(|e| Error::invalid("file", e.to_string()))?;
                 documents.extend(parsed);
             }
-            ("acl", None) => acl.push(field.text().await.map_err(|e| bad(e.to_string()))?),
+            ("acl", None) => acl.push(field.text().await.map_err(bad)?),
             ("reindex_interval_seconds", None) => {
-                let text = field.text().await.map_err(|e| bad(e.to_string()))?;
+                let text = field.text().await.map_err(bad)?;
                 interval = Some(text.trim().parse().map_err(|_| {
                     Error::invalid("reindex_interval_seconds", "a whole number of seconds")
                 })?);
             }
             (other, None) => {
-                return Err(bad(format!(
-                    "unknown form field {other:?} (file parts, acl, reindex_interval_seconds)"
-                )));
+                return Err(Error::invalid(
+                    "body",
+                    format!(
+                        "unknown form field {other:?} (file parts, acl, reindex_interval_seconds)"
+                    ),
+                ));
             }
         }
     }
@@ -294,7 +297,7 @@ async fn job(
     }
 }
 
-/// The tenant's collections.
+/// The tenant's collections, each with the number of chunks the caller may read.
 #[utoipa::path(
     get,
     path = "/v1/collections",
@@ -313,6 +316,10 @@ async fn list_collections(
 ) -> Result<axum::Json<Value>, ApiError> {
     let library = state.library().clone();
     let tenant = caller.tenant.name.clone();
+    let visibility = Visibility {
+        groups: caller.groups.clone(),
+        ..Visibility::default()
+    };
     let data = tokio::task::spawn_blocking(move || {
         let stale: Vec<String> = (library.stale().into_iter())
             .filter(|s| s.tenant == tenant)
@@ -325,7 +332,7 @@ async fn list_collections(
                 Some(json!({
                     "id": name,
                     "object": "collection",
-                    "chunks": c.chunk_count(),
+                    "chunks": c.visible_chunk_count(&visibility).ok()?,
                     "last_indexed_at": meta.last_indexed_at.map(|ms| ms / 1000),
                     "reindex_interval_seconds": meta.reindex_interval_seconds,
                     "stale": stale.contains(&name),
