@@ -32,7 +32,8 @@
 //!   model a request names, its tools under the caller's scopes, runs and audits in the store;
 //! - [`metrics`]: Prometheus export and request histograms;
 //! - [`openapi`]: the OpenAPI document of the whole surface, generated from the handlers and
-//!   served at `GET /openapi.json`.
+//!   served at `GET /openapi.json`;
+//! - [`tls`]: TLS terminated by the server itself, for deployments without a proxy.
 //!
 //! ```no_run
 //! # async fn demo(engine: osprey_engine::Engine) -> std::io::Result<()> {
@@ -73,6 +74,7 @@ pub mod sse_tap;
 pub mod state;
 pub mod summarize;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;
 pub mod workers;
 
@@ -94,7 +96,8 @@ pub async fn serve(
     }
     let sampler = sample_load(state.clone());
     let batches = tokio::spawn(routes::batches::run_batches(state.clone()));
-    let served = serve_router(listener, router(state, config), shutdown).await;
+    let app = router(state, config);
+    let served = serve_router(listener, app, config.tls.clone(), shutdown).await;
     sampler.abort();
     batches.abort();
     served
@@ -110,7 +113,8 @@ pub async fn serve_worker(
 ) -> std::io::Result<()> {
     // Keeps the worker's TTFT average current, for the gateways it reports it to.
     let sampler = sample_load(state.clone());
-    let served = serve_router(listener, worker_router(state, config), shutdown).await;
+    let app = worker_router(state, config);
+    let served = serve_router(listener, app, config.tls.clone(), shutdown).await;
     sampler.abort();
     served
 }
@@ -139,11 +143,12 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves `app` (from [`router`] or [`worker_router`]) on `listener` until `shutdown`
-/// completes, then finishes in-flight requests. HTTP/1.1, with [`HEADER_READ_TIMEOUT`] and
-/// [`BODY_IDLE_TIMEOUT`].
+/// completes, then finishes in-flight requests. HTTP/1.1, over TLS when `tls` is given, with
+/// [`HEADER_READ_TIMEOUT`] (which also bounds the TLS handshake) and [`BODY_IDLE_TIMEOUT`].
 pub async fn serve_router(
     listener: tokio::net::TcpListener,
     app: axum::Router,
+    tls: Option<std::sync::Arc<tls::ServerConfig>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -151,6 +156,7 @@ pub async fn serve_router(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -172,10 +178,25 @@ pub async fn serve_router(
             ))
             .service(app.clone());
         let service = hyper_util::service::TowerToHyperService::new(service);
-        let connection = http.serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
+        let (http, watcher, tls) = (http.clone(), graceful.watcher(), tls.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let served = match tls {
+                None => {
+                    let connection = http.serve_connection(TokioIo::new(stream), service);
+                    watcher.watch(connection).await
+                }
+                Some(tls) => {
+                    let handshake = tokio::time::timeout(HEADER_READ_TIMEOUT, tls.accept(stream));
+                    let stream = match handshake.await {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => return tracing::debug!("TLS handshake timed out"),
+                    };
+                    let connection = http.serve_connection(TokioIo::new(stream), service);
+                    watcher.watch(connection).await
+                }
+            };
+            if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });

@@ -273,6 +273,7 @@ async fn degradation_levels_trigger_and_clear() {
     tokio::spawn(osprey_gateway::serve_router(
         listener,
         app,
+        None,
         std::future::pending(),
     ));
     let spike = ladder.degradation().observe(0.92);

@@ -180,6 +180,31 @@ pub struct ServeArgs {
     /// Largest request body accepted, e.g. `4MiB`.
     #[arg(long, env = "OSPREY_MAX_BODY_BYTES", default_value = "4MiB", value_parser = parse_bytes)]
     pub max_body_bytes: usize,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS terminated by the server itself, for deployments without a proxy in front.
+#[derive(Args, Debug, Clone)]
+pub struct TlsArgs {
+    /// A PEM certificate chain (leaf first): serve HTTPS instead of HTTP (with --tls-key).
+    #[arg(long, env = "OSPREY_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "OSPREY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The server's TLS settings, if a certificate was given.
+    pub fn server_config(
+        &self,
+    ) -> anyhow::Result<Option<std::sync::Arc<osprey_gateway::tls::ServerConfig>>> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some(osprey_gateway::tls::server_config(cert, key)?)),
+            _ => Ok(None),
+        }
+    }
 }
 
 /// The engine's options, shared by `osprey serve` and `osprey worker`.

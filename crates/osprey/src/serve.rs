@@ -372,11 +372,13 @@ async fn serve(
     } else {
         "API keys required"
     };
-    tracing::info!(%addr, models = ?models, store = %without_password(&store_url), limits = if args.redis.is_some() { "shared (Redis)" } else { "local" }, "listening; {access}");
     let http = HttpConfig {
         max_body_bytes: args.max_body_bytes,
         fault_injection: args.fault_injection,
+        tls: args.tls.server_config()?,
     };
+    let scheme = if http.tls.is_some() { "https" } else { "http" };
+    tracing::info!(%addr, scheme, models = ?models, store = %without_password(&store_url), limits = if args.redis.is_some() { "shared (Redis)" } else { "local" }, "listening; {access}");
     osprey_gateway::serve(listener, state, &http, shutdown_signal()).await?;
     Ok(())
 }

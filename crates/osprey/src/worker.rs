@@ -18,16 +18,17 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         let state = AppState::new(served_name(&args.engine))
             .with_policies(None)
             .with_response_cache(None);
+        let http = HttpConfig {
+            max_body_bytes: args.max_body_bytes,
+            fault_injection: false,
+            tls: None,
+        };
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
         load_in_background(&state, path, engine_config(&args.engine));
         tracing::info!(%addr, model = state.model_name(), "worker listening");
-        let http = HttpConfig {
-            max_body_bytes: args.max_body_bytes,
-            fault_injection: false,
-        };
         osprey_gateway::serve_worker(listener, state, &http, shutdown_signal()).await?;
         Ok(())
     })

@@ -63,6 +63,8 @@ pub struct HttpConfig {
     /// Serve the admin route that injects faults (`POST /admin/faults/panic`), for the
     /// reliability suites; off in production.
     pub fault_injection: bool,
+    /// Terminate TLS here ([`crate::tls`]); plain HTTP without.
+    pub tls: Option<std::sync::Arc<crate::tls::ServerConfig>>,
 }
 
 impl Default for HttpConfig {
@@ -70,6 +72,7 @@ impl Default for HttpConfig {
         Self {
             max_body_bytes: 4 << 20,
             fault_injection: false,
+            tls: None,
         }
     }
 }
