@@ -8,6 +8,11 @@
 //! to rebuild it; a record whose checksum fails (a torn write, a flipped bit) ends the scan of
 //! its segment, and a read that fails its checksum is a miss that forgets the record. Over the
 //! cap, the oldest segment is deleted whole (first in, first out).
+//!
+//! The tier is a cache sharing its disk with things that are not (the store, logs): it leaves
+//! [`FREE_RESERVE`] of the filesystem free, giving back its oldest segments when others fill the
+//! disk and writing nothing while it has none left to give, and a write that fails (the disk
+//! full after all) is cut off rather than left as a torn record.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -19,6 +24,9 @@ use crate::kv::BlockHash;
 
 /// A segment is closed once it reaches this size.
 const SEGMENT_BYTES: u64 = 64 << 20;
+
+/// The share of its filesystem the cold tier leaves free for others.
+pub const FREE_RESERVE: f64 = 0.10;
 
 struct Location {
     segment: u64,
@@ -35,6 +43,14 @@ pub struct ColdStore {
     segments: Vec<(u64, u64)>,
     /// The segment being appended to.
     writer: Option<(u64, File)>,
+    /// Bytes free and in all on the filesystem of a directory.
+    space: fn(&Path) -> std::io::Result<(u64, u64)>,
+}
+
+/// Bytes free (to an unprivileged writer) and in all on the filesystem of `dir`.
+fn filesystem_space(dir: &Path) -> std::io::Result<(u64, u64)> {
+    let fs = rustix::fs::statvfs(dir)?;
+    Ok((fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize))
 }
 
 impl ColdStore {
@@ -52,6 +68,7 @@ impl ColdStore {
             index: HashMap::new(),
             segments: Vec::new(),
             writer: None,
+            space: filesystem_space,
         };
         for n in numbers {
             let len = store.scan(n)?;
@@ -87,9 +104,17 @@ impl ColdStore {
             return Ok(());
         }
         let record = block.to_record();
+        if !self.make_room(record.len() as u64)? {
+            tracing::debug!("the disk is nearly full: a KV block is not kept in the cold tier");
+            return Ok(());
+        }
         let (segment, file) = self.writer()?;
         let offset = file.seek(SeekFrom::End(0))?;
-        file.write_all(&record)?;
+        if let Err(e) = file.write_all(&record) {
+            // What was written of it would be a torn record that ends the segment's scan.
+            let _ = file.set_len(offset);
+            return Err(e);
+        }
         let segment = *segment;
         let last = self
             .segments
@@ -181,14 +206,33 @@ impl ColdStore {
     /// Deletes the oldest segments while over the cap.
     fn enforce_cap(&mut self) -> std::io::Result<()> {
         while self.bytes() > self.cap_bytes && !self.segments.is_empty() {
-            let (n, _) = self.segments.remove(0);
-            if self.writer.as_ref().is_some_and(|w| w.0 == n) {
-                self.writer = None;
-            }
-            self.index.retain(|_, loc| loc.segment != n);
-            std::fs::remove_file(self.segment_path(n))?;
+            self.delete_oldest()?;
         }
         Ok(())
+    }
+
+    /// Whether `len` more bytes leave [`FREE_RESERVE`] of the filesystem free, after deleting
+    /// the oldest segments as needed.
+    fn make_room(&mut self, len: u64) -> std::io::Result<bool> {
+        loop {
+            let (free, total) = (self.space)(&self.dir)?;
+            if free.saturating_sub(len) as f64 >= FREE_RESERVE * total as f64 {
+                return Ok(true);
+            }
+            if self.segments.is_empty() {
+                return Ok(false);
+            }
+            self.delete_oldest()?;
+        }
+    }
+
+    fn delete_oldest(&mut self) -> std::io::Result<()> {
+        let (n, _) = self.segments.remove(0);
+        if self.writer.as_ref().is_some_and(|w| w.0 == n) {
+            self.writer = None;
+        }
+        self.index.retain(|_, loc| loc.segment != n);
+        std::fs::remove_file(self.segment_path(n))
     }
 }
 
@@ -270,5 +314,38 @@ mod tests {
         assert!(!s.contains(1), "segment 1 was deleted");
         assert!(s.contains(2) && s.contains(3));
         assert!(s.bytes() <= 2 * record);
+    }
+
+    #[test]
+    fn the_tier_gives_its_disk_back_when_others_fill_it() {
+        let d = dir("reserve");
+        let mut s = ColdStore::open(&d.0, 1 << 20).unwrap();
+        // A 1 MiB disk with 10% left to others as long as the tier's segments are under 900 KiB
+        // and the rest of the disk is empty; then something else fills 950 KiB of it.
+        s.space = |dir| {
+            let ours: u64 = std::fs::read_dir(dir)?
+                .map(|e| e.and_then(|e| e.metadata()).map_or(0, |m| m.len()))
+                .sum();
+            let others = if dir.join("full").exists() {
+                950 << 10
+            } else {
+                0
+            };
+            Ok(((1u64 << 20).saturating_sub(ours + others), 1 << 20))
+        };
+        s.put(&block(1)).unwrap();
+        s.writer = None;
+        s.put(&block(2)).unwrap();
+        assert!(s.contains(1) && s.contains(2));
+        std::fs::write(d.0.join("full"), b"").unwrap();
+        s.put(&block(3)).unwrap();
+        assert!(
+            !s.contains(1) && !s.contains(2) && !s.contains(3),
+            "every segment given back, and the new block not kept"
+        );
+        assert_eq!(s.bytes(), 0);
+        std::fs::remove_file(d.0.join("full")).unwrap();
+        s.put(&block(4)).unwrap();
+        assert!(s.contains(4), "kept again once there is room");
     }
 }
