@@ -371,11 +371,29 @@ def disk_full(c):
                           "--kv-cold-dir", os.path.join(mnt, "kv-cold"), "--kv-cache-memory", "16MiB")
         load = Load([url], seconds(45), concurrency=3, mix="chat=2,stream=1,conversation=2")
         fault = load.at(seconds(45) // 4)
-        filler = os.path.join(mnt, "filler")
-        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], stderr=subprocess.DEVNULL)
+        # Whatever else gives space back (the KV cold tier yields its segments), the filler
+        # takes it again, so the disk stays full until it is removed.
+        full = threading.Event()
+        full.set()
+
+        def fill():
+            n = 0
+            while full.is_set():
+                n += 1
+                subprocess.run(["dd", "if=/dev/zero", f"of={mnt}/filler-{n}", "bs=64k"],
+                               stderr=subprocess.DEVNULL)
+                time.sleep(0.2)
+
+        filler = threading.Thread(target=fill)
+        filler.start()
+        time.sleep(1)
         during = chat(url, "What is an osprey?")
         load.at(seconds(45) // 2)
-        os.remove(filler)
+        full.clear()
+        filler.join()
+        for f in os.listdir(mnt):
+            if f.startswith("filler-"):
+                os.remove(os.path.join(mnt, f))
         freed = time.time() - load.started
         result = load.result()
         lost = verify(result, url)
