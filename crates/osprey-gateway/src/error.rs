@@ -98,32 +98,25 @@ impl<S: Send + Sync, T: osprey_core::api::ApiRequest> FromRequest<S> for JsonBod
 
 /// A request body that could not be read: 413 when it is over the body limit, else a 400.
 pub fn body_error(rejection: axum::extract::rejection::BytesRejection) -> Error {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        Error::new(
-            ErrorKind::PayloadTooLarge,
-            "The request body is larger than this server accepts.",
-        )
-    } else {
-        Error::invalid(
-            "body",
-            format!("The request body could not be read: {rejection}"),
-        )
-    }
+    unreadable(rejection.status(), "body", "request body", &rejection)
 }
 
 /// A multipart form that could not be read: 413 when it is over the body limit, else a 400
 /// naming `field`.
 pub fn form_error(field: &str, e: axum::extract::multipart::MultipartError) -> Error {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+    unreadable(e.status(), field, "upload", e.body_text())
+}
+
+/// The `what` of a request could not be read, as `status` says: too large (413), or else
+/// unreadable (400, naming `field`).
+fn unreadable(status: StatusCode, field: &str, what: &str, why: impl std::fmt::Display) -> Error {
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
         Error::new(
             ErrorKind::PayloadTooLarge,
-            "The upload is larger than this server accepts.",
+            format!("The {what} is larger than this server accepts."),
         )
     } else {
-        Error::invalid(
-            field,
-            format!("The form could not be read: {}", e.body_text()),
-        )
+        Error::invalid(field, format!("The {what} could not be read: {why}"))
     }
 }
 
