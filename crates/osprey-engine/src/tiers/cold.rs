@@ -25,8 +25,10 @@ use crate::kv::BlockHash;
 /// A segment is closed once it reaches this size.
 const SEGMENT_BYTES: u64 = 64 << 20;
 
-/// The share of its filesystem the cold tier leaves free for others.
+/// The share of its filesystem the cold tier leaves free for others ...
 pub const FREE_RESERVE: f64 = 0.10;
+/// ... but never more than this many bytes (10% of a large disk is more than others need).
+pub const MAX_FREE_RESERVE: u64 = 1 << 30;
 
 struct Location {
     segment: u64,
@@ -211,12 +213,14 @@ impl ColdStore {
         Ok(())
     }
 
-    /// Whether `len` more bytes leave [`FREE_RESERVE`] of the filesystem free, after deleting
+    /// Whether `len` more bytes leave the reserve ([`FREE_RESERVE`], at most [`MAX_FREE_RESERVE`])
+    /// of the filesystem free, after deleting
     /// the oldest segments as needed.
     fn make_room(&mut self, len: u64) -> std::io::Result<bool> {
         loop {
             let (free, total) = (self.space)(&self.dir)?;
-            if free.saturating_sub(len) as f64 >= FREE_RESERVE * total as f64 {
+            let reserve = (FREE_RESERVE * total as f64).min(MAX_FREE_RESERVE as f64);
+            if free.saturating_sub(len) as f64 >= reserve {
                 return Ok(true);
             }
             if self.segments.is_empty() {
@@ -252,6 +256,13 @@ mod tests {
         }
     }
 
+    /// A store whose disk always has room, whatever the host's disk holds.
+    fn roomy(dir: &Path, cap: u64) -> ColdStore {
+        let mut s = ColdStore::open(dir, cap).unwrap();
+        s.space = |_| Ok((1 << 40, 1 << 40));
+        s
+    }
+
     fn dir(name: &str) -> Dir {
         let p = std::env::temp_dir().join(format!("osprey-cold-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
@@ -271,11 +282,11 @@ mod tests {
     #[test]
     fn blocks_survive_a_restart() {
         let d = dir("restart");
-        let mut s = ColdStore::open(&d.0, 1 << 20).unwrap();
+        let mut s = roomy(&d.0, 1 << 20);
         s.put(&block(1)).unwrap();
         s.put(&block(2)).unwrap();
         drop(s);
-        let mut s = ColdStore::open(&d.0, 1 << 20).unwrap();
+        let mut s = roomy(&d.0, 1 << 20);
         assert_eq!(s.len(), 2);
         assert_eq!(s.get(2).unwrap().bytes, block(2).bytes);
     }
@@ -283,7 +294,7 @@ mod tests {
     #[test]
     fn a_corrupt_or_torn_record_is_a_miss_not_a_crash() {
         let d = dir("corrupt");
-        let mut s = ColdStore::open(&d.0, 1 << 20).unwrap();
+        let mut s = roomy(&d.0, 1 << 20);
         for h in 1..=3 {
             s.put(&block(h)).unwrap();
         }
@@ -296,7 +307,7 @@ mod tests {
         assert!(s.get(1).is_some() && s.get(3).is_some());
         // A torn write: the file ends halfway through the third record.
         std::fs::write(&seg, &data[..2 * record + record / 2]).unwrap();
-        let mut s = ColdStore::open(&d.0, 1 << 20).unwrap();
+        let mut s = roomy(&d.0, 1 << 20);
         assert!(s.get(1).is_some());
         assert!(s.get(2).is_none() && s.get(3).is_none());
     }
@@ -305,7 +316,7 @@ mod tests {
     fn the_oldest_segment_goes_when_over_the_cap() {
         let d = dir("cap");
         let record = block(1).to_record().len() as u64;
-        let mut s = ColdStore::open(&d.0, 2 * record).unwrap();
+        let mut s = roomy(&d.0, 2 * record);
         s.put(&block(1)).unwrap();
         s.writer = None; // close the segment, as a full one would be
         s.put(&block(2)).unwrap();
