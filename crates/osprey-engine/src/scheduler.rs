@@ -212,12 +212,29 @@ impl Scheduler {
         self.deferrals
     }
 
-    /// Takes out the sequences next in line for admission (the head of each waiting queue)
-    /// for which `pick` is true.
-    pub fn take_next_waiting(&mut self, mut pick: impl FnMut(&Sequence) -> bool) -> Vec<Sequence> {
-        (self.waiting.iter_mut())
-            .filter_map(|q| q.pop_front_if(|s| pick(s)))
-            .collect()
+    /// Takes out the waiting sequences for which `pick` is true, in queue order.
+    pub fn take_waiting(&mut self, mut pick: impl FnMut(&Sequence) -> bool) -> Vec<Sequence> {
+        let mut taken = Vec::new();
+        for q in &mut self.waiting {
+            let (picked, kept): (VecDeque<_>, _) =
+                std::mem::take(q).into_iter().partition(|s| pick(s));
+            *q = kept;
+            taken.extend(picked);
+        }
+        taken
+    }
+
+    /// Puts a sequence taken out of the waiting queues back in its place: by arrival (under
+    /// `kda`, by deadline).
+    pub fn put_back(&mut self, seq: Sequence) {
+        let q = self.queue_of(&seq);
+        match self.config.policy {
+            SchedulingPolicy::Kda => self.insert_by_deadline(q, seq),
+            _ => {
+                let at = self.waiting[q].partition_point(|s| s.arrival <= seq.arrival);
+                self.waiting[q].insert(at, seq);
+            }
+        }
     }
 
     /// Queues a sequence that was running before (preempted): at the front of its queue
@@ -311,7 +328,7 @@ impl Scheduler {
         tracing::debug!(seq = seq.id, tokens = seq.tokens.len(), "preempted");
         seq.block_table.release();
         seq.num_computed = 0;
-        seq.preempted = true;
+        seq.look_below = true;
         self.preemptions += 1;
         self.requeue(seq);
     }
@@ -423,6 +440,9 @@ impl Scheduler {
             }
             let need = self.running[i].num_computed + n;
             let mut ok = self.running[i].block_table.reserve(need);
+            if !ok && self.release_waiting_holds() {
+                ok = self.running[i].block_table.reserve(need);
+            }
             while !ok && self.running.len() - 1 > i {
                 let victim = self.running.pop().expect("non-empty");
                 self.preempt(victim);
@@ -456,7 +476,9 @@ impl Scheduler {
             let Some(q) = self.next_queue(now) else { break };
             let class = self.class(&self.waiting[q][0], now);
             let seq = self.waiting[q].front_mut().expect("non-empty");
-            if seq.num_computed == 0 && seq.prefix_cacheable {
+            // A sequence may come holding its prefix already (brought up from the tiers).
+            let matched_now = seq.num_computed == 0 && seq.prefix_cacheable;
+            if matched_now {
                 seq.num_computed = seq.block_table.match_prefix(&seq.tokens);
             }
             let mut n = self.chunk(&self.waiting[q][0], budget, class, interactive_active);
@@ -472,15 +494,20 @@ impl Scheduler {
             let whole = seq.block_table.blocks_needed(seq.tokens.len());
             let alone = self.running.is_empty() && out.scheduled.is_empty();
             if !alone && self.kv.borrow().num_free_blocks() < whole {
-                seq.block_table.release();
-                seq.num_computed = 0;
+                if matched_now {
+                    seq.block_table.release();
+                    seq.num_computed = 0;
+                }
                 break;
             }
             if !seq.block_table.reserve(seq.num_computed + n) {
                 // Give back any prefix blocks it took; try again next step.
                 seq.block_table.release();
                 seq.num_computed = 0;
-                if self.running.is_empty() && out.scheduled.is_empty() {
+                if alone && self.release_waiting_holds() {
+                    continue; // with the blocks the others waiting held
+                }
+                if alone {
                     let seq = self.waiting[q].pop_front().expect("non-empty");
                     out.ended.push((seq, FinishReason::Length));
                     continue;
@@ -498,7 +525,31 @@ impl Scheduler {
             });
             budget -= n;
         }
+        tracing::trace!(
+            running = self.running.len(),
+            waiting = self.num_waiting(),
+            tokens = self.config.max_num_batched_tokens - budget,
+            free_blocks = self.kv.borrow().num_free_blocks(),
+            "planned"
+        );
         out
+    }
+
+    /// Gives back the blocks that waiting sequences hold (a prefix brought up from the tiers
+    /// and kept for them until they run): a running sequence, or one that would run alone,
+    /// needs them more. They stay cached, so their owners usually find them again, or look
+    /// for them below the pool. Returns whether any were held.
+    fn release_waiting_holds(&mut self) -> bool {
+        let mut any = false;
+        for seq in self.waiting.iter_mut().flatten() {
+            if !seq.block_table.blocks().is_empty() {
+                seq.block_table.release();
+                seq.num_computed = 0;
+                seq.look_below = true;
+                any = true;
+            }
+        }
+        any
     }
 
     /// Preempts running batch sequences (newest first) while interactive work waits for a seat

@@ -50,9 +50,9 @@ pub struct Sequence {
     pub experts: ExpertForecast,
     /// Where its attention goes, per KV block (`kda`, sampled).
     pub heat: BlockHeat,
-    /// Whether it was preempted since its prefix was last looked up below the pool: its
-    /// evicted blocks may be in a lower tier.
-    pub preempted: bool,
+    /// Whether its prefix is to be looked up in the tiers below the pool when it is next in
+    /// line: on arrival, and again after each preemption (its blocks may have gone down since).
+    pub look_below: bool,
     /// Steps it has been deferred in a row to keep an expert under capacity (`kda`).
     pub deferrals: u32,
     /// Set when the last step ended the sequence.
@@ -92,5 +92,43 @@ impl Sequence {
             return Some(FinishReason::Length);
         }
         None
+    }
+}
+
+#[cfg(test)]
+impl Sequence {
+    /// A sequence of `tokens` (all prompt) for unit tests, with default sampling. Its event
+    /// receiver is leaked so that it does not look cancelled.
+    pub(crate) fn for_test(
+        manager: &crate::kv::SharedKvCacheManager,
+        id: u64,
+        tokens: Vec<u32>,
+        priority: Priority,
+    ) -> Self {
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::mem::forget(rx);
+        let params = osprey_core::SamplingParams::default();
+        Self {
+            id,
+            prompt_len: tokens.len(),
+            sampler: Sampler::new(params, 0, &tokens, Vec::new()),
+            constraint: None,
+            tokens,
+            num_computed: 0,
+            block_table: BlockTable::new(manager.clone(), ""),
+            priority,
+            prefix_cacheable: true,
+            prompt_logprobs_sent: None,
+            max_len: 4096,
+            end_tokens: Vec::new(),
+            events,
+            arrival: Instant::now(),
+            deadline: None,
+            experts: Default::default(),
+            heat: Default::default(),
+            look_below: true,
+            deferrals: 0,
+            finish: None,
+        }
     }
 }

@@ -108,7 +108,7 @@ impl EngineLoop {
     /// Runs until every [`Engine`](crate::Engine) handle is dropped.
     pub fn run(mut self, commands: mpsc::Receiver<Command>) {
         loop {
-            let fetching = self.tiering.as_ref().is_some_and(Tiering::waiting);
+            let fetching = self.tiering.as_ref().is_some_and(|t| t.num_parked() > 0);
             if !self.scheduler.has_work() {
                 if fetching {
                     // Nothing to step: wait on requests and on the fetch alike.
@@ -184,33 +184,25 @@ impl EngineLoop {
             deadline: req.deadline,
             experts: Default::default(),
             heat: Default::default(),
-            preempted: false,
+            look_below: true,
             deferrals: 0,
             finish: None,
         };
-        let seq = match &mut self.tiering {
-            Some(t) => t.park(seq, &self.kv_manager.borrow()),
-            None => Some(seq),
-        };
-        if let Some(seq) = seq {
-            self.scheduler.add(seq);
-        }
+        self.scheduler.add(seq);
     }
 
-    /// Schedules the sequences whose prefix blocks came up from the tiers, and parks preempted
-    /// sequences whose blocks have gone down since, to bring them back rather than recompute.
+    /// Parks the waiting sequences whose prefix is to be looked up below the pool (new,
+    /// preempted, or that gave back what they held), to bring it up rather than recompute it,
+    /// and puts back in line those whose prefix is all in the pool now.
     fn collect_fetched(&mut self) {
         let Some(t) = &mut self.tiering else { return };
-        let mut manager = self.kv_manager.borrow_mut();
-        let idle = self.scheduler.running().is_empty();
-        for seq in t.collect(&mut manager, &mut self.kv, Duration::ZERO, idle) {
-            self.scheduler.requeue(seq);
-        }
-        // Checked when next in line, not when preempted: its blocks leave the pool meanwhile.
-        for seq in self.scheduler.take_next_waiting(|s| s.preempted) {
-            if let Some(seq) = t.park(seq, &manager) {
-                self.scheduler.requeue(seq);
-            }
+        let pool = self.kv_manager.borrow().num_total_blocks();
+        let unknown = self.scheduler.take_waiting(|s| s.look_below);
+        let hot = t.look_below(unknown, &self.kv_manager, pool);
+        let running = self.scheduler.running().len();
+        let fetched = t.collect(&self.kv_manager, &mut self.kv, Duration::ZERO, running);
+        for seq in hot.into_iter().chain(fetched) {
+            self.scheduler.put_back(seq);
         }
     }
 

@@ -1,7 +1,9 @@
-//! The engine loop's side of the KV tiers ([`crate::tiers`]): evicted blocks go down, and a new
-//! request whose prefix is below the hot pool waits, parked, while its blocks come up. So does
-//! a preempted sequence: its full blocks stayed cached when it gave them up, and those evicted
-//! since come back from the tiers instead of being recomputed (swap rather than recompute).
+//! The engine loop's side of the KV tiers ([`crate::tiers`]): evicted blocks go down, and a
+//! waiting request whose prefix is partly below the hot pool is parked while its blocks come
+//! up, then holds them until it is scheduled; none is scheduled before its prefix has been
+//! looked up, so nothing is recomputed that a tier holds. So does a preempted sequence: its
+//! full blocks stayed cached when it gave them up, and those evicted since come back from the
+//! tiers instead of being recomputed (swap rather than recompute).
 //!
 //! Order matters around the pool: a block evicted by an allocation still holds its old
 //! contents until the next forward pass (or a fetched block) writes there, so every allocation
@@ -13,20 +15,33 @@ use std::time::Duration;
 use osprey_core::metrics as names;
 use osprey_models::{BLOCK_SIZE, KvCache};
 
-use crate::kv::{BlockHash, KvCacheManager, chain_from};
+use crate::kv::{BlockHash, KvCacheManager, SharedKvCacheManager, chain_from};
 use crate::sequence::Sequence;
 use crate::tiers::{FetchedBlock, KvTiers};
 
 /// Hashes of a prompt's full blocks with their tokens, in chain order.
 type Chain = Vec<(BlockHash, [u32; BLOCK_SIZE])>;
 
+/// A sequence waiting on the tiers for the part of its prefix below the pool.
+struct Parked {
+    seq: Sequence,
+    /// Leading blocks of its prefix that were in the pool when it was parked.
+    hot: usize,
+    /// Blocks asked of the tiers, or brought up once the fetch is done.
+    asked: usize,
+    blocks: Vec<FetchedBlock>,
+}
+
 /// The tiers' handle and the sequences waiting on them.
 pub struct Tiering {
     tiers: KvTiers,
     /// Sequences whose prefix blocks are being fetched, by ticket.
-    parked: HashMap<u64, Sequence>,
+    parked: HashMap<u64, Parked>,
     /// Sequences whose blocks have come up, waiting for room in the pool, in arrival order.
-    fetched: VecDeque<(Sequence, Vec<FetchedBlock>)>,
+    fetched: VecDeque<Parked>,
+    /// Sequences still to be looked up, in arrival order, while a pool's worth of blocks is
+    /// in flight already.
+    deferred: VecDeque<Sequence>,
     /// Blocks brought back into the pool so far, per tier (warm, cold, shared).
     pub promoted: [u64; 3],
 }
@@ -37,39 +52,78 @@ impl Tiering {
             tiers,
             parked: HashMap::new(),
             fetched: VecDeque::new(),
+            deferred: VecDeque::new(),
             promoted: [0; 3],
         }
     }
 
-    /// Whether sequences wait on fetches or for room.
-    pub fn waiting(&self) -> bool {
-        self.num_parked() > 0
-    }
-
     /// Sequences parked here.
     pub fn num_parked(&self) -> usize {
-        self.parked.len() + self.fetched.len()
+        self.parked.len() + self.fetched.len() + self.deferred.len()
     }
 
-    /// Parks `seq` if part of its tokens' prefix is missing from the pool, asking the tiers
-    /// for it; otherwise gives it back to be scheduled at once.
-    pub fn park(&mut self, seq: Sequence, kv: &KvCacheManager) -> Option<Sequence> {
+    /// Blocks asked for or brought up and not yet in the pool.
+    fn blocks_in_flight(&self) -> usize {
+        let asked: usize = self.parked.values().map(|p| p.asked).sum();
+        asked + self.fetched.iter().map(|p| p.blocks.len()).sum::<usize>()
+    }
+
+    /// Looks for the prefixes of `seqs` (after those deferred before) below the pool: parks
+    /// each sequence whose prefix is partly missing from the pool, asking the tiers for it, and
+    /// gives back the others to be scheduled, holding their prefix so that nothing evicts it
+    /// while they wait. While a pool's worth of blocks (`pool`) is in flight, the rest wait
+    /// their turn here: that bounds the host memory fetched blocks take while they wait for
+    /// room, and none is scheduled (and recomputed) before it is looked up.
+    pub fn look_below(
+        &mut self,
+        seqs: Vec<Sequence>,
+        manager: &SharedKvCacheManager,
+        pool: usize,
+    ) -> Vec<Sequence> {
+        self.deferred.extend(seqs);
+        let mut ready = Vec::new();
+        while self.blocks_in_flight() < pool {
+            let Some(seq) = self.deferred.pop_front() else {
+                break;
+            };
+            if seq.is_cancelled() {
+                continue;
+            }
+            ready.extend(self.park(seq, manager));
+        }
+        ready
+    }
+
+    /// Parks `seq` if part of its prefix is missing from the pool, or gives it back holding
+    /// its prefix.
+    fn park(&mut self, mut seq: Sequence, manager: &SharedKvCacheManager) -> Option<Sequence> {
+        seq.look_below = false;
         if !seq.prefix_cacheable {
             return Some(seq);
         }
+        // Whole blocks only, and at least one token left to compute (as the prefix cache).
         let chain: Chain = chain_from(seq.block_table.root(), &seq.tokens)
             .into_iter()
             .zip(seq.tokens.chunks_exact(BLOCK_SIZE))
             .map(|(h, t)| (h, t.try_into().expect("a full block")))
             .collect();
-        let hot = kv.cached_prefix_len(&chain);
+        let hot = manager.borrow().cached_prefix_len(&chain);
         if hot == chain.len() {
+            seq.num_computed = seq.block_table.match_prefix(&seq.tokens);
             return Some(seq);
         }
+        // What is in the pool is evicted last while the rest comes up.
+        manager.borrow_mut().touch(&chain[..hot]);
+        let asked = chain.len() - hot;
+        tracing::debug!(seq = seq.id, hot, asked, "looking below the pool");
         let ticket = self.tiers.fetch(chain[hot..].to_vec());
-        let mut seq = seq;
-        seq.preempted = false;
-        self.parked.insert(ticket, seq);
+        let parked = Parked {
+            seq,
+            hot,
+            asked,
+            blocks: Vec::new(),
+        };
+        self.parked.insert(ticket, parked);
         None
     }
 
@@ -89,49 +143,197 @@ impl Tiering {
     }
 
     /// Puts the blocks of finished fetches into the pool's prefix cache and returns their
-    /// sequences, ready to be scheduled (at the front of their queue: their blocks are in the
-    /// pool now, and would be the next evicted if others went first).
+    /// sequences holding them, ready to be scheduled (at the front of their queue).
     ///
-    /// A fetch's blocks go in only when the pool has that many free blocks: adopting more than
-    /// there is room for would evict the first ones taken in for the last. Until then its
-    /// sequence waits here, first come first served; with nothing running (so nothing will be
-    /// freed) it takes what fits. Waits up to `wait` for a fetch when none is done.
+    /// A fetch's blocks go in only when the pool has room for them beyond a free block for each
+    /// of the `running` sequences' next token (and one more): taking in more than there is room
+    /// for would evict the first blocks taken in for the last. Until then its sequence waits
+    /// here, first come first served; with nothing running (so nothing will be freed) the first
+    /// takes what fits. Waits up to `wait` for a fetch when none is done.
     pub fn collect(
         &mut self,
-        manager: &mut KvCacheManager,
+        manager: &SharedKvCacheManager,
         kv: &mut KvCache,
         wait: Duration,
-        idle: bool,
+        running: usize,
     ) -> Vec<Sequence> {
         for fetched in self.tiers.poll(wait) {
-            if let Some(seq) = self.parked.remove(&fetched.ticket) {
-                self.fetched.push_back((seq, fetched.blocks));
+            if let Some(mut p) = self.parked.remove(&fetched.ticket) {
+                let found = fetched.blocks.len();
+                tracing::debug!(seq = p.seq.id, asked = p.asked, found, "fetched from below");
+                p.blocks = fetched.blocks;
+                self.fetched.push_back(p);
             }
         }
+        let idle = running == 0;
         let mut ready = Vec::new();
-        while let Some((seq, blocks)) = self.fetched.front() {
-            if seq.is_cancelled() {
-                self.fetched.pop_front();
+        while let Some(mut p) = self.fetched.pop_front() {
+            if p.seq.is_cancelled() {
                 continue;
             }
-            // One block spare for the sequence's first new token.
-            let room = manager.num_free_blocks().saturating_sub(1);
-            if room < blocks.len() && !idle {
+            // Hold what is still in the pool of its prefix first: taking in the rest must not
+            // evict it.
+            p.seq.num_computed = p.seq.block_table.match_prefix(&p.seq.tokens);
+            let room = manager
+                .borrow()
+                .num_free_blocks()
+                .saturating_sub(running + 1);
+            if room < p.blocks.len() && !(idle && ready.is_empty()) {
+                p.seq.block_table.release();
+                p.seq.num_computed = 0;
+                self.fetched.push_front(p);
                 break;
             }
-            let (seq, blocks) = self.fetched.pop_front().expect("a front");
-            for block in blocks.into_iter().take(room) {
-                let Some(b) = manager.adopt(block.hash, &block.tokens) else {
+            let Parked {
+                mut seq,
+                hot,
+                mut blocks,
+                ..
+            } = p;
+            blocks.truncate(room);
+            let expected = hot + blocks.len();
+            let mut m = manager.borrow_mut();
+            // Last blocks first: a prefix's first blocks are then the last of it evicted.
+            for block in blocks.into_iter().rev() {
+                let Some(b) = m.adopt(block.hash, &block.tokens) else {
                     continue;
                 };
-                self.demote(manager, kv);
+                self.demote(&mut m, kv);
                 kv.write_block(b, &block.data);
                 metrics::counter!(names::KV_TIER_PROMOTED, "tier" => block.tier.as_str())
                     .increment(1);
                 self.promoted[block.tier as usize] += 1;
             }
+            drop(m);
+            // The sequence holds all its prefix from now on: until it is scheduled, nothing
+            // else (the next fetch, another sequence's growth) can evict it.
+            seq.block_table.release();
+            seq.num_computed = seq.block_table.match_prefix(&seq.tokens);
+            let held = seq.num_computed / BLOCK_SIZE;
+            if held < expected {
+                // Part of what was in the pool when it was parked has gone down since: look
+                // again rather than recompute it.
+                tracing::debug!(
+                    seq = seq.id,
+                    held,
+                    expected,
+                    "prefix left the pool meanwhile"
+                );
+                seq.block_table.release();
+                seq.num_computed = 0;
+                self.deferred.push_front(seq);
+                continue;
+            }
             ready.push(seq);
         }
         ready
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use osprey_core::Priority;
+    use osprey_models::{Arch, ModelConfig, RopeConfig, RopeStyle};
+
+    use super::*;
+    use crate::tiers::{BlockLayout, TierConfig};
+
+    /// A pool of `blocks` blocks of a one-layer, one-head model, 4 values a position.
+    fn pool(blocks: usize) -> (SharedKvCacheManager, KvCache) {
+        let config = ModelConfig {
+            arch: Arch::Llama,
+            name: None,
+            n_layers: 1,
+            d_model: 4,
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 4,
+            ffn_dim: 1,
+            vocab_size: 1,
+            context_length: 4096,
+            rms_eps: 1e-5,
+            rope: RopeConfig {
+                base: 10_000.0,
+                dims: 4,
+                style: RopeStyle::Interleaved,
+                linear_factor: 1.0,
+                freq_factors: None,
+            },
+        };
+        let manager = KvCacheManager::new(blocks, true);
+        manager.borrow_mut().set_tiering(true);
+        (manager, KvCache::new(&config, blocks))
+    }
+
+    fn chain(seq: &Sequence) -> Chain {
+        chain_from(seq.block_table.root(), &seq.tokens)
+            .into_iter()
+            .zip(seq.tokens.chunks_exact(BLOCK_SIZE))
+            .map(|(h, t)| (h, t.try_into().expect("a full block")))
+            .collect()
+    }
+
+    #[test]
+    fn fetched_prefixes_enter_the_pool_only_as_far_as_there_is_room_for_all_of_them() {
+        // 7 blocks, one sequence running (2 kept spare): room for one 4-block prefix, not two.
+        let (manager, mut kv) = pool(7);
+        let layout = BlockLayout {
+            len: kv.block_len(),
+            group: BLOCK_SIZE * 4,
+        };
+        let config = TierConfig {
+            warm_bytes: 1 << 20,
+            ..TierConfig::default()
+        };
+        let mut tiering = Tiering::new(KvTiers::start(config, "test", layout).unwrap());
+        let prompt = |user: u32| (0..70).map(|i| 1000 * user + i).collect();
+        let a = Sequence::for_test(&manager, 1, prompt(1), Priority::Interactive);
+        let b = Sequence::for_test(&manager, 2, prompt(2), Priority::Interactive);
+        for (hash, tokens) in chain(&a).into_iter().chain(chain(&b)) {
+            let data = vec![tokens[0] as u16; kv.block_len()];
+            tiering.tiers.store(hash, tokens, data, 0.0);
+        }
+        let (chain_a, chain_b) = (chain(&a), chain(&b));
+        let none_hot = tiering.look_below(vec![a, b], &manager, 7);
+        assert!(none_hot.is_empty(), "both are parked");
+        assert_eq!(tiering.parked.len(), 2);
+
+        let mut ready = Vec::new();
+        while !tiering.parked.is_empty() {
+            ready.extend(tiering.collect(&manager, &mut kv, Duration::from_secs(5), 1));
+        }
+        let ids: Vec<u64> = ready.iter().map(|s| s.id).collect();
+        assert_eq!(ids, [1], "b waits for room");
+        assert_eq!(
+            manager.borrow().cached_prefix_len(&chain_a),
+            4,
+            "all of a's prefix is in"
+        );
+        let a = &ready[0];
+        assert_eq!(a.num_computed, 64, "and a holds it");
+        let mut data = Vec::new();
+        kv.read_block(a.block_table.blocks()[0], &mut data);
+        assert_eq!(data[0], 1000, "the block's contents came up with it");
+        let again = tiering.collect(&manager, &mut kv, Duration::ZERO, 1);
+        assert!(
+            again.is_empty(),
+            "b still waits: a's blocks are held, not free"
+        );
+
+        // Once a is gone and nothing runs, the next in line takes what fits.
+        drop(ready);
+        let late = tiering.collect(&manager, &mut kv, Duration::ZERO, 0);
+        assert_eq!(late.len(), 1);
+        assert_eq!(late[0].num_computed, 64);
+        assert_eq!(manager.borrow().cached_prefix_len(&chain_b), 4);
+
+        // A prefix all in the pool is not fetched; its sequence comes back holding it.
+        drop(late);
+        let c = Sequence::for_test(&manager, 3, prompt(2), Priority::Interactive);
+        let hot = tiering.look_below(vec![c], &manager, 7);
+        assert_eq!(hot.len(), 1, "nothing to fetch");
+        let c = &hot[0];
+        assert_eq!(c.num_computed, 64);
+        assert!(!c.look_below);
     }
 }

@@ -150,6 +150,21 @@ impl KvCacheManager {
             .count()
     }
 
+    /// Moves the free blocks among the leading cached blocks of `chain` to the back of the
+    /// eviction queue, without holding them: the last of the pool to be evicted, the first
+    /// block last of all (as when a sequence releases its blocks).
+    pub fn touch(&mut self, chain: &[(BlockHash, [u32; BLOCK_SIZE])]) {
+        let cached: Vec<u32> = (chain.iter())
+            .map_while(|(hash, tokens)| self.cache.get(*hash, tokens))
+            .collect();
+        for &block in cached.iter().rev() {
+            if self.allocator.ref_count(block) == 0 {
+                self.allocator.acquire(block);
+                self.allocator.release(block, true);
+            }
+        }
+    }
+
     /// Takes in a block brought up from a lower tier: a free block now caches `hash`
     /// (`tokens`), evicted last among the free. Returns the block to write its contents into,
     /// or `None` if it is cached already, caching is off or no block is free.
@@ -433,6 +448,33 @@ mod tests {
         assert_eq!(
             evicted, last_two,
             "a sequence's last blocks are evicted first"
+        );
+    }
+
+    #[test]
+    fn touched_blocks_are_evicted_last() {
+        let m = KvCacheManager::new(4, true);
+        let chain = |prompt: &[u32]| -> Vec<(BlockHash, [u32; BLOCK_SIZE])> {
+            (crate::kv::chain_from(root_hash(""), prompt).into_iter())
+                .zip(prompt.chunks_exact(BLOCK_SIZE))
+                .map(|(h, t)| (h, t.try_into().unwrap()))
+                .collect()
+        };
+        // Two full blocks each, and a token more to compute.
+        let (old, new) = (tokens(33, 1), tokens(33, 7));
+        for prompt in [&old, &new] {
+            let mut t = BlockTable::new(m.clone(), "");
+            assert!(t.reserve(32));
+            t.commit(prompt, 32);
+        }
+        m.borrow_mut().touch(&chain(&old));
+        let mut b = BlockTable::new(m.clone(), "");
+        assert!(b.reserve(32));
+        assert_eq!(m.borrow().cached_prefix_len(&chain(&old)), 2, "kept");
+        assert_eq!(
+            m.borrow().cached_prefix_len(&chain(&new)),
+            0,
+            "evicted instead"
         );
     }
 

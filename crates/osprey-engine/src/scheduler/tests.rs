@@ -4,38 +4,14 @@ use osprey_core::SamplingParams;
 
 use super::*;
 use crate::kda::{ExpertLayout, KdaConfig};
-use crate::kv::{BlockTable, KvCacheManager};
+use crate::kv::KvCacheManager;
 use crate::sampler::Sampler;
 
 fn seq(manager: &SharedKvCacheManager, id: u64, prompt_len: usize, priority: Priority) -> Sequence {
-    let tokens: Vec<u32> = (0..prompt_len as u32)
+    let tokens = (0..prompt_len as u32)
         .map(|i| i + 100 * id as u32)
         .collect();
-    // The receiver is leaked so the sequence does not look cancelled.
-    let (events, rx) = tokio::sync::mpsc::unbounded_channel();
-    std::mem::forget(rx);
-    Sequence {
-        id,
-        prompt_len,
-        sampler: Sampler::new(SamplingParams::default(), 0, &tokens, Vec::new()),
-        constraint: None,
-        tokens,
-        num_computed: 0,
-        block_table: BlockTable::new(manager.clone(), ""),
-        priority,
-        prefix_cacheable: true,
-        prompt_logprobs_sent: None,
-        max_len: 4096,
-        end_tokens: Vec::new(),
-        events,
-        arrival: Instant::now(),
-        deadline: None,
-        experts: Default::default(),
-        heat: Default::default(),
-        preempted: false,
-        deferrals: 0,
-        finish: None,
-    }
+    Sequence::for_test(manager, id, tokens, priority)
 }
 
 fn scheduler(config: SchedulerConfig, blocks: usize) -> (Scheduler, SharedKvCacheManager) {
@@ -342,4 +318,86 @@ fn a_long_prompt_waits_until_all_of_it_fits() {
     assert_eq!(running_ids(&s), [1], "the second would not fit whole");
     assert_eq!(s.running()[0].num_computed, 100);
     assert_eq!(s.num_waiting(), 1);
+}
+
+/// Workload E without the model: `clients` conversations over contexts of `context` tokens,
+/// each turn its context and a question of its own, 32 tokens out, then the next turn; a pool
+/// of `blocks`. Runs `steps` steps the way the engine does (compute, register full blocks,
+/// sample once the prompt is in) and returns the turns each client finished.
+fn conversations(clients: usize, context: usize, blocks: usize, steps: usize) -> Vec<usize> {
+    let (mut s, m) = scheduler(SchedulerConfig::default(), blocks);
+    let prompt = |user: usize, turn: usize| -> Vec<u32> {
+        let mut t: Vec<u32> = (0..context as u32)
+            .map(|i| 1 + i + 10_000 * user as u32)
+            .collect();
+        t.extend((0..20).map(|i| 5_000_000 + (turn * 100 + i) as u32));
+        t
+    };
+    let mut turn = vec![0; clients];
+    let mut next_id = 0;
+    let mut add = |s: &mut Scheduler, user: usize, turn: usize| {
+        next_id += 1;
+        let mut q = seq(&m, next_id, 0, Priority::Interactive);
+        q.tokens = prompt(user, turn);
+        q.prompt_len = q.tokens.len();
+        q.sampler = Sampler::new(
+            SamplingParams {
+                max_tokens: 32,
+                ..SamplingParams::default()
+            },
+            0,
+            &q.tokens,
+            Vec::new(),
+        );
+        q.id = (user as u64) << 32 | next_id;
+        s.add(q);
+    };
+    for user in 0..clients {
+        add(&mut s, user, 0);
+    }
+    for _ in 0..steps {
+        let out = s.schedule();
+        assert!(out.ended.is_empty(), "nothing is too long for the pool");
+        for p in &out.scheduled {
+            let q = &mut s.running_mut()[p.index];
+            q.num_computed += p.n_tokens;
+            q.block_table.commit(&q.tokens, q.num_computed);
+            if q.num_computed == q.tokens.len() {
+                q.finish = q.push_token(7);
+            }
+        }
+        for q in s.take_running(|q| q.finish.is_some()) {
+            let user = (q.id >> 32) as usize;
+            turn[user] += 1;
+            add(&mut s, user, turn[user]);
+        }
+    }
+    turn
+}
+
+#[test]
+fn conversations_past_the_pool_all_keep_finishing_turns() {
+    // Twice the contexts the pool holds, each recomputed turn after turn: slow, but every
+    // client gets through (no livelock, no client starved).
+    let turns = conversations(16, 2000, 1092, 3000);
+    assert!(turns.iter().all(|&t| t >= 2), "turns per client: {turns:?}");
+}
+
+#[test]
+fn sequences_taken_out_of_line_go_back_to_their_place() {
+    let (mut s, m) = scheduler(SchedulerConfig::default(), 64);
+    let start = Instant::now();
+    for id in 1..=4 {
+        let mut q = seq(&m, id, 16, Priority::Interactive);
+        q.arrival = start + Duration::from_millis(id);
+        s.add(q);
+    }
+    let taken = s.take_waiting(|q| q.id % 2 == 0);
+    assert_eq!(taken.iter().map(|q| q.id).collect::<Vec<_>>(), [2, 4]);
+    assert_eq!(s.num_waiting(), 2);
+    for q in taken.into_iter().rev() {
+        s.put_back(q);
+    }
+    let order: Vec<u64> = s.take_waiting(|_| true).iter().map(|q| q.id).collect();
+    assert_eq!(order, [1, 2, 3, 4], "in arrival order again");
 }
