@@ -216,6 +216,9 @@ impl Scheduler {
     pub fn take_waiting(&mut self, mut pick: impl FnMut(&Sequence) -> bool) -> Vec<Sequence> {
         let mut taken = Vec::new();
         for q in &mut self.waiting {
+            if !q.iter().any(&mut pick) {
+                continue; // the usual case, each step: leave the queue as it is
+            }
             let (picked, kept): (VecDeque<_>, _) =
                 std::mem::take(q).into_iter().partition(|s| pick(s));
             *q = kept;

@@ -50,8 +50,9 @@ pub struct Sequence {
     pub experts: ExpertForecast,
     /// Where its attention goes, per KV block (`kda`, sampled).
     pub heat: BlockHeat,
-    /// Whether its prefix is to be looked up in the tiers below the pool when it is next in
-    /// line: on arrival, and again after each preemption (its blocks may have gone down since).
+    /// Whether its prefix is to be looked up in the tiers below the pool before it can be
+    /// scheduled: on arrival, after each preemption, and after giving back a prefix it held
+    /// (its blocks may have gone down since).
     pub look_below: bool,
     /// Steps it has been deferred in a row to keep an expert under capacity (`kda`).
     pub deferrals: u32,

@@ -143,7 +143,7 @@ impl Tiering {
     }
 
     /// Puts the blocks of finished fetches into the pool's prefix cache and returns their
-    /// sequences holding them, ready to be scheduled (at the front of their queue).
+    /// sequences holding them, ready to go back in line (by arrival).
     ///
     /// A fetch's blocks go in only when the pool has room for them beyond a free block for each
     /// of the `running` sequences' next token (and one more): taking in more than there is room
