@@ -391,9 +391,13 @@ impl Upstream {
 /// failover to another worker), and on the response.
 pub const REQUEST_ID: &str = "x-request-id";
 
-/// A fresh request id.
+/// A fresh request id: `req_`, the time in Unix ms (12 hex digits) and 48 random bits (12 more).
+/// Time first, so ids of later requests sort later: the request log's index of ids grows at
+/// its end instead of touching a random page of it per request.
 pub fn new_request_id() -> HeaderValue {
-    HeaderValue::from_str(&format!("req_{:024x}", rand::random::<u128>() >> 32))
+    let ms = osprey_store::now_ms() as u64 & 0xffff_ffff_ffff;
+    let random = rand::random::<u64>() & 0xffff_ffff_ffff;
+    HeaderValue::from_str(&format!("req_{ms:012x}{random:012x}"))
         .expect("hex is a valid header value")
 }
 
@@ -536,5 +540,19 @@ impl Drop for StreamMeter {
                 .set(u.prompt_tokens as u64, u.completion_tokens as u64),
             None => self.usage.set_completion_only(self.chunks),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn request_ids_of_later_requests_sort_later() {
+        let first = super::new_request_id();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let second = super::new_request_id();
+        let (first, second) = (first.to_str().unwrap(), second.to_str().unwrap());
+        assert_eq!((first.len(), second.len()), (28, 28));
+        assert!(first < second, "{first} then {second}");
+        assert_ne!(first[16..], second[16..], "the random part differs");
     }
 }

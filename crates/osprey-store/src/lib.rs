@@ -1,7 +1,8 @@
 //! Osprey's persistent state, behind one [`Store`] handle.
 //!
 //! The embedded default is SQLite at `$OSPREY_HOME/osprey.db` (WAL journal, `synchronous =
-//! FULL`, so an acknowledged write survives a crash); migrations run on open. Today the store
+//! FULL`, so an acknowledged write survives a crash; the request log alone commits without
+//! waiting for the disk); migrations run on open. Today the store
 //! holds API keys ([`keys`]), the Batch API's files and batches ([`batches`]), the safety
 //! audit log ([`audit`]), conversations ([`conversations`]), users' layered memory
 //! ([`memory`]), the prompt registry ([`prompts`]), per-tenant feature flags ([`flags`]),
@@ -132,6 +133,10 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: sqlx::AnyPool,
+    /// The request log's own connections, whose commits do not wait for the disk: the log
+    /// takes a row per request, and a synced commit each would cost more than serving the
+    /// request. A crash of the machine (not of the process) may lose its last rows.
+    log_pool: sqlx::AnyPool,
     backend: Backend,
 }
 
@@ -145,33 +150,8 @@ impl Store {
             Some("postgres" | "postgresql") => Backend::Postgres,
             _ => return Err(StoreError::UnsupportedUrl(url.to_owned())),
         };
-        let pool = match backend {
-            Backend::Sqlite => {
-                let sep = if url.contains('?') { '&' } else { '?' };
-                AnyPoolOptions::new()
-                    .max_connections(4)
-                    .acquire_timeout(ACQUIRE_TIMEOUT)
-                    // WAL, and a sync of the log on every commit: an acknowledged write
-                    // survives a crash of the process or the machine.
-                    .after_connect(|conn, _| {
-                        Box::pin(async move {
-                            conn.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
-                                .await?;
-                            Ok(())
-                        })
-                    })
-                    .after_release(|conn, _| Box::pin(still_in_step(conn)))
-                    .connect(&format!("{url}{sep}mode=rwc"))
-                    .await?
-            }
-            Backend::Postgres => {
-                AnyPoolOptions::new()
-                    .max_connections(16)
-                    .acquire_timeout(ACQUIRE_TIMEOUT)
-                    .connect(url)
-                    .await?
-            }
-        };
+        let pool = connect(url, backend, Durability::Synced, 4, 16).await?;
+        let log_pool = connect(url, backend, Durability::Relaxed, 1, 2).await?;
         let migrator = match backend {
             Backend::Sqlite => sqlx::migrate!("migrations/sqlite"),
             Backend::Postgres => sqlx::migrate!("migrations/postgres"),
@@ -187,12 +167,17 @@ impl Store {
             }
             tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
         }
-        Ok(Self { pool, backend })
+        Ok(Self {
+            pool,
+            log_pool,
+            backend,
+        })
     }
 
     /// Closes every connection, waiting for those in use to come back (SQLite checkpoints its
     /// log on the last close).
     pub async fn close(&self) {
+        self.log_pool.close().await;
         self.pool.close().await;
     }
 
@@ -216,6 +201,66 @@ impl Store {
                 .await?;
         Ok(value.map_or(0, |v| v.0))
     }
+}
+
+/// Whether a pool's commits wait until they are on disk.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// An acknowledged write survives a crash of the process or the machine.
+    Synced,
+    /// An acknowledged write survives a crash of the process; one of the machine may lose the
+    /// last commits (SQLite `synchronous = NORMAL` in WAL mode, Postgres `synchronous_commit =
+    /// off`), never corrupt the database.
+    Relaxed,
+}
+
+/// A pool on `url` with commits of `durability`, of at most `sqlite` connections to a SQLite
+/// file or `postgres` to a server.
+async fn connect(
+    url: &str,
+    backend: Backend,
+    durability: Durability,
+    sqlite: u32,
+    postgres: u32,
+) -> Result<sqlx::AnyPool> {
+    let relaxed = durability == Durability::Relaxed;
+    Ok(match backend {
+        Backend::Sqlite => {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            let setup = if relaxed {
+                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;"
+            } else {
+                "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;"
+            };
+            AnyPoolOptions::new()
+                .max_connections(sqlite)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .after_connect(move |conn, _| {
+                    Box::pin(async move {
+                        conn.execute(setup).await?;
+                        Ok(())
+                    })
+                })
+                .after_release(|conn, _| Box::pin(still_in_step(conn)))
+                .connect(&format!("{url}{sep}mode=rwc"))
+                .await?
+        }
+        Backend::Postgres => {
+            AnyPoolOptions::new()
+                .max_connections(postgres)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .after_connect(move |conn, _| {
+                    Box::pin(async move {
+                        if relaxed {
+                            conn.execute("SET synchronous_commit = off").await?;
+                        }
+                        Ok(())
+                    })
+                })
+                .connect(url)
+                .await?
+        }
+    })
 }
 
 /// Whether a SQLite connection coming back to the pool may be used again: not if sqlx still

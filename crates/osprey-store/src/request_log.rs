@@ -4,7 +4,7 @@
 //! retrieval hits, tool calls, in `detail`), its tokens and timings, and how it ended. Text
 //! only for the share of a tenant's requests it samples, PII redacted before it gets here.
 
-use crate::{Result, Store, now_ms};
+use crate::{Backend, Result, Store, now_ms};
 
 /// One request, as logged.
 #[derive(Clone, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
@@ -93,54 +93,78 @@ const COLUMNS: &str = "id, tenant, user_id, route, model, status, prompt_name, p
                        route_reason, prompt_tokens, completion_tokens, ttft_ms, tpot_us, \
                        total_ms, error, trace_id, detail, prompt_text, response_text";
 
+/// Columns of a row as written.
+const WRITTEN: usize = 26;
+/// Rows in one INSERT at most: 256 × 26 parameters stay under SQLite's limit (32,766).
+const ROWS_PER_INSERT: usize = 256;
+
+/// Inserts `entries` (at most [`ROWS_PER_INSERT`]) with one statement, logged at `now`.
 async fn insert(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    entry: &RequestLogEntry,
+    backend: Backend,
+    entries: &[RequestLogEntry],
     now: i64,
 ) -> Result<()> {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO request_log ({COLUMNS}) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-         $18, $19, $20, $21, $22, $23, $24, $25, $26)"
-    )))
-    .bind(&entry.id)
-    .bind(&entry.tenant)
-    .bind(&entry.user_id)
-    .bind(&entry.route)
-    .bind(&entry.model)
-    .bind(entry.status)
-    .bind(&entry.prompt_name)
-    .bind(entry.prompt_version)
-    .bind(&entry.conversation_id)
-    .bind(&entry.injected)
-    .bind(&entry.cache)
-    .bind(entry.latency_ms)
-    .bind(now)
-    .bind(&entry.key_id)
-    .bind(&entry.tier)
-    .bind(&entry.route_reason)
-    .bind(entry.prompt_tokens)
-    .bind(entry.completion_tokens)
-    .bind(entry.ttft_ms)
-    .bind(entry.tpot_us)
-    .bind(entry.total_ms)
-    .bind(&entry.error)
-    .bind(&entry.trace_id)
-    .bind(&entry.detail)
-    .bind(&entry.prompt_text)
-    .bind(&entry.response_text)
-    .execute(&mut **tx)
-    .await?;
+    // Postgres numbers its parameters; SQLite gets plain `?`s, since sqlx looks up each
+    // numbered one by name, a scan of all of them (quadratic in a long statement).
+    let param = |n: usize| match backend {
+        Backend::Sqlite => "?".to_owned(),
+        Backend::Postgres => format!("${n}"),
+    };
+    let rows: Vec<String> = (0..entries.len())
+        .map(|row| {
+            let params: Vec<String> = (1..=WRITTEN)
+                .map(|col| param(row * WRITTEN + col))
+                .collect();
+            format!("({})", params.join(", "))
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO request_log ({COLUMNS}) VALUES {}",
+        rows.join(", ")
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(false);
+    for entry in entries {
+        query = query
+            .bind(&entry.id)
+            .bind(&entry.tenant)
+            .bind(&entry.user_id)
+            .bind(&entry.route)
+            .bind(&entry.model)
+            .bind(entry.status)
+            .bind(&entry.prompt_name)
+            .bind(entry.prompt_version)
+            .bind(&entry.conversation_id)
+            .bind(&entry.injected)
+            .bind(&entry.cache)
+            .bind(entry.latency_ms)
+            .bind(now)
+            .bind(&entry.key_id)
+            .bind(&entry.tier)
+            .bind(&entry.route_reason)
+            .bind(entry.prompt_tokens)
+            .bind(entry.completion_tokens)
+            .bind(entry.ttft_ms)
+            .bind(entry.tpot_us)
+            .bind(entry.total_ms)
+            .bind(&entry.error)
+            .bind(&entry.trace_id)
+            .bind(&entry.detail)
+            .bind(&entry.prompt_text)
+            .bind(&entry.response_text);
+    }
+    query.execute(&mut **tx).await?;
     Ok(())
 }
 
 impl Store {
-    /// Appends `entries` (their `created_at` set to now), in one transaction.
+    /// Appends `entries` (their `created_at` set to now), in one transaction that does not wait
+    /// for the disk: a crash of the machine may lose the last rows.
     pub async fn log_requests(&self, entries: &[RequestLogEntry]) -> Result<()> {
         let now = now_ms();
-        let mut tx = self.pool.begin().await?;
-        for entry in entries {
-            insert(&mut tx, entry, now).await?;
+        let mut tx = self.log_pool.begin().await?;
+        for chunk in entries.chunks(ROWS_PER_INSERT) {
+            insert(&mut tx, self.backend, chunk, now).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -239,6 +263,38 @@ mod tests {
             assert_eq!(rows.len(), 2);
             assert_eq!(rows[1].prompt_version, Some(2));
             assert_eq!(rows[1].injected, r#"{"facts":1}"#);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_longer_than_one_insert_is_written_whole_and_in_order() {
+        for store in crate::testing::stores().await {
+            let rows: Vec<RequestLogEntry> = (0..ROWS_PER_INSERT + 44)
+                .map(|i| RequestLogEntry {
+                    id: format!("r{i}"),
+                    tenant: "acme".into(),
+                    status: 200,
+                    ttft_ms: (i % 2 == 0).then_some(i as i64),
+                    detail: format!(r#"{{"n":{i}}}"#),
+                    ..RequestLogEntry::default()
+                })
+                .collect();
+            store.log_requests(&rows).await.unwrap();
+            let read = store
+                .request_log(&RequestLogQuery {
+                    limit: 1000,
+                    ..RequestLogQuery::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(read.len(), rows.len(), "{:?}", store.backend());
+            for (row, written) in read.iter().rev().zip(&rows) {
+                assert_eq!(
+                    (&row.id, row.ttft_ms, &row.detail),
+                    (&written.id, written.ttft_ms, &written.detail)
+                );
+            }
+            assert!(read.windows(2).all(|w| w[0].seq > w[1].seq));
         }
     }
 }
