@@ -83,7 +83,8 @@ pub use state::AppState;
 
 use std::time::Duration;
 
-/// Serves the API on `listener` until `shutdown` completes, then finishes in-flight requests.
+/// Serves the API on `listener` until `shutdown` completes, then finishes in-flight requests
+/// and writes their request log rows.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
@@ -96,10 +97,13 @@ pub async fn serve(
     }
     let sampler = sample_load(state.clone());
     let batches = tokio::spawn(routes::batches::run_batches(state.clone()));
-    let app = router(state, config);
+    let app = router(state.clone(), config);
     let served = serve_router(listener, app, config.tls.clone(), shutdown).await;
     sampler.abort();
     batches.abort();
+    if let Some(log) = state.request_log() {
+        log.flush().await;
+    }
     served
 }
 

@@ -4,7 +4,9 @@
 //! the trace context goes on to upstreams and workers in the `traceparent` of their requests.
 //! The spans are `tracing` spans: the binary exports them over OTLP when asked
 //! (`--otlp-endpoint`), and its JSON logs carry the request span's fields (its request id) on
-//! every line logged within it.
+//! every line logged within it. Work done for observability off the request's path (writing
+//! the request log, exporting spans) runs on threads of lowered priority
+//! ([`lower_thread_priority`]), so that on a busy machine it waits for requests, not they for it.
 
 use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
@@ -62,12 +64,12 @@ pub fn inject(headers: &mut HeaderMap) {
     });
 }
 
-/// The current trace's id, when the request is traced.
+/// The current trace's id, when the request's trace is exported (sampled).
 pub fn trace_id() -> Option<String> {
     let cx = tracing::Span::current().context();
     let span = cx.span();
     let id = span.span_context();
-    id.is_valid().then(|| id.trace_id().to_string())
+    (id.is_valid() && id.is_sampled()).then(|| id.trace_id().to_string())
 }
 
 /// Middleware: the request's span (continuing the caller's trace), open until the response's
@@ -110,4 +112,27 @@ pub async fn trace(req: Request, next: Next) -> Response {
         chunk
     });
     Response::from_parts(parts, axum::body::Body::from_stream(stream))
+}
+
+/// How much lower than the server's the priority of observability's background threads is: a
+/// nice value (Linux weighs a thread of nice 10 about a tenth of one of nice 0).
+const BACKGROUND_NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's CPU priority (and that of the threads it starts from now on,
+/// which inherit it) to [`BACKGROUND_NICE`] above the process's; does nothing but on Linux,
+/// where a thread's nice value is its own. Logs a warning if the system refuses.
+pub fn lower_thread_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain system calls on the calling thread, with no pointers involved.
+        let refused = unsafe {
+            let thread = libc::gettid() as libc::id_t;
+            let now = libc::getpriority(libc::PRIO_PROCESS, thread);
+            libc::setpriority(libc::PRIO_PROCESS, thread, now + BACKGROUND_NICE) != 0
+        };
+        if refused {
+            let e = std::io::Error::last_os_error();
+            tracing::warn!(error = %e, "a background thread keeps the server's priority");
+        }
+    }
 }

@@ -331,3 +331,89 @@ async fn the_admin_api_needs_the_admin_key() {
         401
     );
 }
+
+#[tokio::test]
+async fn a_stopping_gateway_finishes_the_answer_in_flight_and_logs_it() {
+    use osprey_gateway::upstream::{Upstream, http_client};
+    use std::sync::Arc;
+    use tokio::sync::{Notify, mpsc, oneshot};
+
+    // An upstream that says when a request arrived and answers when released.
+    let (arrived_tx, mut arrived) = mpsc::channel::<()>(1);
+    let release = Arc::new(Notify::new());
+    let held = release.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            let (arrived_tx, held) = (arrived_tx.clone(), held.clone());
+            async move {
+                let _ = arrived_tx.send(()).await;
+                held.notified().await;
+                axum::Json(json!({"object": "chat.completion", "model": "held",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "done"}}],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let (store, _) = store().await;
+    let key = new_key(&store, "acme").await;
+    let config = osprey_gateway::config::UpstreamConfig {
+        url: upstream_url,
+        api_key_env: None,
+        model: None,
+        timeout_secs: Some(30.0),
+        max_retries: None,
+        fallbacks: None,
+    };
+    let held = Upstream::new("held", &config, http_client()).unwrap();
+    let auth = osprey_gateway::auth::Authenticator::new(store.clone())
+        .await
+        .unwrap();
+    let edge = osprey_gateway::edge::Edge::new(
+        osprey_gateway::config::EdgeConfig::default(),
+        auth,
+        osprey_gateway::limits::RateLimiter::local(),
+    );
+    let state =
+        osprey_gateway::AppState::with_models(None, vec![held], edge).with_store(store.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let http = osprey_gateway::HttpConfig::default();
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        osprey_gateway::serve(listener, state, &http, stopped).await
+    });
+
+    let answer = tokio::spawn(async move { chat(&base, Some(&key), hello("held")).await });
+    arrived.recv().await.unwrap();
+    stop.send(()).unwrap();
+    release.notify_one();
+    let answer = answer.await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let id = answer.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        answer.json::<Value>().await.unwrap()["choices"][0]["message"]["content"],
+        "done"
+    );
+    server.await.unwrap().unwrap();
+
+    // Once `serve` has returned, the row is in the store: nothing waits in the writer.
+    let query = osprey_store::RequestLogQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    let rows = store.request_log(&query).await.unwrap();
+    let ids: Vec<_> = rows.iter().map(|r| (r.id.as_str(), r.status)).collect();
+    assert_eq!(ids, [(id.as_str(), 200)]);
+}

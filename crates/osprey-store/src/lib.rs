@@ -215,7 +215,8 @@ enum Durability {
 }
 
 /// A pool on `url` with commits of `durability`, of at most `sqlite` connections to a SQLite
-/// file or `postgres` to a server.
+/// file or `postgres` to a server. A relaxed pool (the request log's) connects on first use:
+/// from its writer's thread, whose lowered priority the SQLite worker thread it starts inherits.
 async fn connect(
     url: &str,
     backend: Backend,
@@ -224,7 +225,7 @@ async fn connect(
     postgres: u32,
 ) -> Result<sqlx::AnyPool> {
     let relaxed = durability == Durability::Relaxed;
-    Ok(match backend {
+    let (options, url) = match backend {
         Backend::Sqlite => {
             let sep = if url.contains('?') { '&' } else { '?' };
             let setup = if relaxed {
@@ -232,7 +233,7 @@ async fn connect(
             } else {
                 "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;"
             };
-            AnyPoolOptions::new()
+            let options = AnyPoolOptions::new()
                 .max_connections(sqlite)
                 .acquire_timeout(ACQUIRE_TIMEOUT)
                 .after_connect(move |conn, _| {
@@ -241,12 +242,11 @@ async fn connect(
                         Ok(())
                     })
                 })
-                .after_release(|conn, _| Box::pin(still_in_step(conn)))
-                .connect(&format!("{url}{sep}mode=rwc"))
-                .await?
+                .after_release(|conn, _| Box::pin(still_in_step(conn)));
+            (options, format!("{url}{sep}mode=rwc"))
         }
         Backend::Postgres => {
-            AnyPoolOptions::new()
+            let options = AnyPoolOptions::new()
                 .max_connections(postgres)
                 .acquire_timeout(ACQUIRE_TIMEOUT)
                 .after_connect(move |conn, _| {
@@ -256,10 +256,13 @@ async fn connect(
                         }
                         Ok(())
                     })
-                })
-                .connect(url)
-                .await?
+                });
+            (options, url.to_owned())
         }
+    };
+    Ok(match relaxed {
+        true => options.connect_lazy(&url)?,
+        false => options.connect(&url).await?,
     })
 }
 
@@ -298,4 +301,38 @@ pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Backend, Store};
+
+    /// What a connection of `pool` says of its commits: SQLite's `synchronous` (2 = FULL,
+    /// 1 = NORMAL), Postgres's `synchronous_commit`.
+    async fn commit_setting(store: &Store, pool: &sqlx::AnyPool) -> String {
+        match store.backend {
+            Backend::Sqlite => (sqlx::query_scalar::<_, i64>("PRAGMA synchronous"))
+                .fetch_one(pool)
+                .await
+                .unwrap()
+                .to_string(),
+            Backend::Postgres => (sqlx::query_scalar::<_, String>("SHOW synchronous_commit"))
+                .fetch_one(pool)
+                .await
+                .unwrap(),
+        }
+    }
+
+    #[tokio::test]
+    async fn only_the_request_log_commits_without_waiting_for_the_disk() {
+        for store in crate::testing::stores().await {
+            let main = commit_setting(&store, &store.pool).await;
+            let log = commit_setting(&store, &store.log_pool).await;
+            let want = match store.backend {
+                Backend::Sqlite => ("2", "1"),
+                Backend::Postgres => ("on", "off"),
+            };
+            assert_eq!((main.as_str(), log.as_str()), want, "{:?}", store.backend);
+        }
+    }
 }
