@@ -23,6 +23,7 @@
 #   env: RATES=500,1000,2000,3000,4000,5000  LITELLM_RATES=25,50,100,200  DURATION=10 (s per point)
 #        MODES="json stream"  TARGETS="direct litellm osprey osprey-redis"  CONNS=64  PAUSE=1 (s)
 #        REQ_TIMEOUT=10s  MIN_RATE_FRACTION=0.95  LATENCY_CORRECTION=0 (1: oha --latency-correction)
+#        TRACED_ARGS="--otlp-sample 0.1" (more flags for osprey-traced)
 #        SKIP_BUILD=1 (use the built binary as is)  REDIS_URL=redis://127.0.0.1:6379  OUT=bench/results
 # Needs: oha (cargo install oha --locked), nginx (../shared/peers/mock-upstream.sh installs it),
 # the LiteLLM venv (../shared/peers/litellm.sh makes it), python3, curl; redis-server for
@@ -43,6 +44,7 @@ REQ_TIMEOUT=${REQ_TIMEOUT:-10s}
 MIN_RATE_FRACTION=${MIN_RATE_FRACTION:-0.95}
 LATENCY_CORRECTION=${LATENCY_CORRECTION:-0}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
+TRACED_ARGS=${TRACED_ARGS:-}
 OUT=${OUT:-bench/results}
 MOCK_PORT=${MOCK_PORT:-18500} LITELLM_PORT=${LITELLM_PORT:-18501}
 OSPREY_PORT=${OSPREY_PORT:-18502} OSPREY_REDIS_PORT=${OSPREY_REDIS_PORT:-18503}
@@ -192,7 +194,7 @@ start_gateways() {  # MODE
       case $t in
         osprey) port=$OSPREY_PORT; extra=() ;;
         osprey-redis) port=$OSPREY_REDIS_PORT; extra=(--redis "$REDIS_URL") ;;
-        osprey-traced) port=$OSPREY_TRACED_PORT; extra=(--otlp-endpoint "http://127.0.0.1:$SINK_PORT") ;;
+        osprey-traced) port=$OSPREY_TRACED_PORT; extra=(--otlp-endpoint "http://127.0.0.1:$SINK_PORT" $TRACED_ARGS) ;;
         osprey-quiet) port=$OSPREY_QUIET_PORT; extra=(--no-metrics --no-request-log) ;;
       esac
       home=$WORK/home-$t-$mode; mkdir -p "$home"; log=$LOGS/$t-$mode.log
@@ -257,20 +259,21 @@ done
 # --- report -------------------------------------------------------------------------------------
 META=$WORK/meta.json SKIPFILE=$WORK/skipped.tsv; : >"$SKIPFILE"
 for t in "${!SKIP[@]}"; do printf '%s\t%s\n' "$t" "${SKIP[$t]}" >>"$SKIPFILE"; done
-COMMAND="RATES=$RATES LITELLM_RATES=$LITELLM_RATES DURATION=$DURATION MODES='$MODES' TARGETS='$TARGETS' CONNS=$CONNS LATENCY_CORRECTION=$LATENCY_CORRECTION bash bench/gateway-compare.sh $RUNS" \
+COMMAND="RATES=$RATES LITELLM_RATES=$LITELLM_RATES DURATION=$DURATION MODES='$MODES' TARGETS='$TARGETS' CONNS=$CONNS LATENCY_CORRECTION=$LATENCY_CORRECTION${TRACED_ARGS:+ TRACED_ARGS='$TRACED_ARGS'} bash bench/gateway-compare.sh $RUNS" \
 OHA_VERSION=$("$OHA" --version | sed "s/^oha //") \
 OHA_FLAGS="-q RATE -z ${DURATION}s -c $CONNS -w -t $REQ_TIMEOUT --no-tui --output-format json --stats-success-breakdown -m POST -T application/json${EXTRA[*]:+ ${EXTRA[*]}}" \
 NGINX_VERSION=$(nginx -v 2>&1 | sed 's/.*\///') \
 LITELLM_VERSION=$("${OSPREY_PEERS:-$HOME/.cache/osprey-peers}/litellm-venv/bin/python" -c \
   'import importlib.metadata as m; print(m.version("litellm"))' 2>/dev/null || echo '?') \
 OSPREY_REV=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo +dirty) \
+TRACED_ARGS="$TRACED_ARGS" \
 python3 - "$META" "$SKIPFILE" "$RUNS" "$DURATION" "$CONNS" "$MIN_RATE_FRACTION" "$RATES" "$LITELLM_RATES" <<'PY'
 import json, os, sys, time
 meta, skipfile, runs, dur, conns, frac, rates, lrates = sys.argv[1:9]
 e = os.environ
 json.dump({
     "command": e["COMMAND"], "oha": e["OHA_VERSION"], "oha_flags": e["OHA_FLAGS"], "nginx": e["NGINX_VERSION"],
-    "litellm": e["LITELLM_VERSION"], "osprey_rev": e["OSPREY_REV"],
+    "litellm": e["LITELLM_VERSION"], "osprey_rev": e["OSPREY_REV"], "traced_args": e["TRACED_ARGS"],
     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host_cpus": os.cpu_count(),
     "loadavg_at_end": open("/proc/loadavg").read().split()[:3],
     "runs": int(runs), "duration_s": float(dur), "connections": int(conns), "min_rate_fraction": float(frac),

@@ -15,8 +15,21 @@ pub struct Cli {
     /// to `/v1/traces` beneath it). Without it nothing is exported.
     #[arg(long, global = true, env = "OSPREY_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// The share of traces exported, from 0 to 1, decided where a trace starts: a request that
+    /// continues a caller's trace (`traceparent`) follows the caller's decision.
+    #[arg(long, global = true, env = "OSPREY_OTLP_SAMPLE", default_value_t = 1.0,
+          value_parser = sample_ratio)]
+    pub otlp_sample: f64,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// A ratio from 0 to 1.
+fn sample_ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("`{s}` is not a ratio from 0 to 1")),
+    }
 }
 
 /// Subcommands.

@@ -35,7 +35,11 @@ fn run() -> anyhow::Result<()> {
     let matches = cli::Cli::command().get_matches_from(&argv);
     let cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Flushes the spans still buffered when it is dropped, as the command ends.
-    let _telemetry = telemetry::init(&cli.log_format, cli.otlp_endpoint.as_deref())?;
+    let _telemetry = telemetry::init(
+        &cli.log_format,
+        cli.otlp_endpoint.as_deref(),
+        cli.otlp_sample,
+    )?;
     match cli.command {
         cli::Command::Serve(args) => {
             let file = match &args.config {

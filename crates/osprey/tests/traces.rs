@@ -4,7 +4,8 @@
 //! one trace: the gateway's stages under its request span, which continues the caller's span,
 //! and the worker's spans under the gateway's. Its request-log row names the same trace, its
 //! tokens and timings, and (the tenant sampling all text) its prompt with the e-mail address
-//! redacted.
+//! redacted. The gateway samples none of the traces that start with it (`--otlp-sample 0`):
+//! requests without a caller's sampled trace export nothing, from either process.
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -136,6 +137,8 @@ async fn one_request_is_one_trace_across_gateway_and_worker_and_one_log_row() {
         ADMIN,
         "--otlp-endpoint",
         &otlp,
+        "--otlp-sample",
+        "0",
         "--served-model-name",
         "m",
     ]);
@@ -144,21 +147,31 @@ async fn one_request_is_one_trace_across_gateway_and_worker_and_one_log_row() {
     ready(&client, &worker).await;
     ready(&client, &gateway).await;
 
+    let ask = |traceparent: Option<String>| {
+        let mut request = client.post(format!("{gateway}/v1/chat/completions"));
+        if let Some(traceparent) = traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        async move {
+            let answer: Value = (request.json(&json!({
+                "model": "m", "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "Write to alice@example.com about the boats."}],
+            })))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+            assert_eq!(answer["usage"]["completion_tokens"], 8, "{answer}");
+        }
+    };
+    // Not sampled: a trace that starts here, and a caller's trace the caller does not sample.
+    let unsampled = "0af7651916cd43dd8448eb211c80319c";
+    ask(None).await;
+    ask(Some(format!("00-{unsampled}-b7ad6b7169203331-00"))).await;
     let (trace, caller_span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
-    let answer: Value = client
-        .post(format!("{gateway}/v1/chat/completions"))
-        .header("traceparent", format!("00-{trace}-{caller_span}-01"))
-        .json(&json!({
-            "model": "m", "max_tokens": 8, "temperature": 0,
-            "messages": [{"role": "user", "content": "Write to alice@example.com about the boats."}],
-        }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(answer["usage"]["completion_tokens"], 8, "{answer}");
+    ask(Some(format!("00-{trace}-{caller_span}-01"))).await;
 
     // The spans of both processes, as they arrive.
     let wanted = [
@@ -182,6 +195,9 @@ async fn one_request_is_one_trace_across_gateway_and_worker_and_one_log_row() {
         assert!(Instant::now() < deadline, "spans so far: {got:#?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    // Spans are exported in the order they end: the unsampled requests' would be here by now.
+    let traces: std::collections::BTreeSet<&str> = got.iter().map(|s| s.trace.as_str()).collect();
+    assert_eq!(traces, [trace].into(), "only the sampled trace is exported");
     let ours: Vec<&Span> = got.iter().filter(|s| s.trace == trace).collect();
     let roots: Vec<&&Span> = ours.iter().filter(|s| s.name == ROOT).collect();
     assert_eq!(
@@ -220,9 +236,9 @@ async fn one_request_is_one_trace_across_gateway_and_worker_and_one_log_row() {
         );
     }
 
-    // The request log's row.
+    // The request log's rows: the sampled request's names its trace, the others none.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let row = loop {
+    let rows = loop {
         let list: Value = client
             .get(format!("{gateway}/admin/requests?limit=5"))
             .bearer_auth(ADMIN)
@@ -232,13 +248,19 @@ async fn one_request_is_one_trace_across_gateway_and_worker_and_one_log_row() {
             .json()
             .await
             .unwrap();
-        if let Some(row) = list["data"].as_array().and_then(|d| d.first()).cloned() {
-            break row;
+        if let Some(rows) = list["data"].as_array().filter(|d| d.len() == 3).cloned() {
+            break rows;
         }
         assert!(Instant::now() < deadline, "no row: {list}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert_eq!(row["trace_id"], trace);
+    let traced: Vec<&Value> = rows.iter().map(|r| &r["trace_id"]).collect();
+    assert_eq!(
+        traced,
+        [&json!(trace), &Value::Null, &Value::Null],
+        "newest first"
+    );
+    let row = &rows[0];
     assert_eq!(row["tokens"]["completion"], 8, "{row}");
     assert!(
         row["timings"]["total_ms"].as_i64().unwrap()
