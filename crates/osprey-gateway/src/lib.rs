@@ -101,7 +101,7 @@ pub async fn serve(
     let served = serve_router(listener, app, config.tls.clone(), shutdown).await;
     sampler.abort();
     batches.abort();
-    if let Some(log) = state.request_log() {
+    if let Some(log) = state.started_request_log() {
         log.flush().await;
     }
     served

@@ -26,13 +26,13 @@ const BATCH: usize = 256;
 /// row, and rows need not show up in the log sooner.
 const GATHER: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// Hands rows to the writer task.
+/// Hands rows to the writer.
 #[derive(Clone, Debug)]
 pub struct RequestLog {
     tx: mpsc::Sender<Message>,
 }
 
-/// What the writer task is sent.
+/// What the writer is sent.
 #[derive(Debug)]
 #[expect(
     clippy::large_enum_variant,

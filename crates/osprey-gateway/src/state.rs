@@ -225,6 +225,11 @@ impl AppState {
         )
     }
 
+    /// The request log's writer if it has started (a request was logged), without starting it.
+    pub fn started_request_log(&self) -> Option<&crate::request_log::RequestLog> {
+        self.inner.request_log.get()
+    }
+
     /// Wakes the batch runner: a batch was created.
     pub fn batches_changed(&self) {
         self.inner.batch_added.notify_one();

@@ -1,16 +1,15 @@
 //! Osprey's persistent state, behind one [`Store`] handle.
 //!
-//! The embedded default is SQLite at `$OSPREY_HOME/osprey.db` (WAL journal, `synchronous =
-//! FULL`, so an acknowledged write survives a crash; the request log alone commits without
-//! waiting for the disk); migrations run on open. Today the store
-//! holds API keys ([`keys`]), the Batch API's files and batches ([`batches`]), the safety
-//! audit log ([`audit`]), conversations ([`conversations`]), users' layered memory
-//! ([`memory`]), the prompt registry ([`prompts`]), per-tenant feature flags ([`flags`]),
-//! the request log ([`request_log`]) and agent runs with their steps and tool-call audit
-//! ([`runs`]) and offline evaluation runs ([`eval`]); [`users`] forgets a user in one call. Postgres
-//! (`postgres://...`) is the scaled backend behind the same interface: one set of queries
-//! through sqlx's `Any` driver, a migration directory per backend, and [`testing`] runs every
-//! store test against both.
+//! The embedded default is SQLite at `$OSPREY_HOME/osprey.db` (WAL journal, `synchronous = FULL`,
+//! so an acknowledged write survives a crash; the request log alone commits without waiting for the
+//! disk); migrations run on open. Today the store holds API keys ([`keys`]), the Batch API's files
+//! and batches ([`batches`]), the safety audit log ([`audit`]), conversations ([`conversations`]),
+//! users' layered memory ([`memory`]), the prompt registry ([`prompts`]), per-tenant feature flags
+//! ([`flags`]), the request log ([`request_log`]) and agent runs with their steps and tool-call
+//! audit ([`runs`]) and offline evaluation runs ([`eval`]); [`users`] forgets a user in one call.
+//! Postgres (`postgres://...`) is the scaled backend behind the same interface: one set of queries
+//! through sqlx's `Any` driver, a migration directory per backend, and [`testing`] runs every store
+//! test against both.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), osprey_store::StoreError> {
