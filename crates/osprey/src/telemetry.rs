@@ -4,6 +4,8 @@
 //! OpenTelemetry traces (a share of them, `--otlp-sample`, decided where each trace starts),
 //! with W3C trace context read from and written to HTTP headers.
 
+use std::io::IsTerminal;
+
 use anyhow::Context;
 use opentelemetry::trace::TracerProvider;
 use opentelemetry_otlp::WithExportConfig;
@@ -75,7 +77,9 @@ pub fn init(format: &str, otlp: Option<&str>, sample: f64) -> anyhow::Result<Tel
             .with_filter(filter());
         registry.with(logs).init();
     } else {
+        // Colours for a person at a terminal; plain text when piped to a file or a collector.
         let logs = tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr)
             .with_filter(filter());
         registry.with(logs).init();
