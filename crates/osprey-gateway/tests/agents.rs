@@ -4,8 +4,6 @@
 //! API, scopes refused and audited, runs stored, listed, streamed and replayed, and bad input in
 //! the error envelope.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -19,6 +17,8 @@ use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_store::{NewKey, Store};
 use serde_json::{Value, json};
+
+use crate::common;
 
 const MODEL: &str = "smollm2-135m-instruct";
 const ADMIN: &str = "admin-secret";
@@ -123,15 +123,14 @@ async fn server() -> Server {
     state.set_engine(osprey_testkit::shared_engine());
     let base = common::serve(state).await;
     // The HTTP MCP server needs a moment to listen.
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    osprey_testkit::eventually(
+        || async {
+            let listening = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+            listening.is_ok().then_some(())
+        },
+        std::time::Duration::from_secs(60),
+    )
+    .await;
     Server {
         base,
         acme,
@@ -611,14 +610,15 @@ async fn file_search_reads_only_what_the_caller_may_see() {
             "/v1/collections/handbook/jobs/{}",
             job["id"].as_str().unwrap()
         );
-        for _ in 0..600 {
-            let (_, j) = call(&s.base, &s.acme, reqwest::Method::GET, &at, None).await;
-            if j["status"] == "succeeded" {
-                break;
-            }
-            assert_ne!(j["status"], "failed", "{j}");
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+        osprey_testkit::eventually(
+            || async {
+                let (_, j) = call(&s.base, &s.acme, reqwest::Method::GET, &at, None).await;
+                assert_ne!(j["status"], "failed", "{j}");
+                (j["status"] == "succeeded").then_some(())
+            },
+            std::time::Duration::from_secs(60),
+        )
+        .await;
     }
     let ask = json!({"model": MODEL, "input": "How many days of holiday do I get?",
         "tools": [{"type": "file_search", "vector_store_ids": ["handbook"]}], "tool_choice": "required"});

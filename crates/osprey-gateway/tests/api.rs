@@ -374,6 +374,7 @@ async fn the_ladder_follows_the_requests_in_flight() {
     let edge = Edge::new(config, Authenticator::open(), RateLimiter::local());
     let state = AppState::with_models(Some(MODEL.into()), Vec::new(), edge);
     state.set_engine(osprey_testkit::shared_engine());
+    let ladder = state.clone();
     let base = serve(state).await;
     let long = json!({"model": MODEL, "prompt": "Hello", "max_tokens": 400, "ignore_eos": true,
                       "stream": true});
@@ -384,7 +385,12 @@ async fn the_ladder_follows_the_requests_in_flight() {
         assert!(r.headers().get("x-osprey-degraded").is_none());
         streams.push(r);
     }
-    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    // The load is sampled every 250 ms.
+    osprey_testkit::eventually(
+        || async { (ladder.degradation().level() == 2).then_some(()) },
+        std::time::Duration::from_secs(30),
+    )
+    .await;
     let short = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1});
     let r = send(&base, "/v1/completions", &short).await;
     assert_eq!(r.status(), 200);
@@ -448,15 +454,15 @@ async fn batches_check_their_input_and_run_it() {
     let (status, batch) = post(&base, "/v1/batches", create(&good).to_string()).await;
     assert_eq!(status, 200, "{batch}");
     let url = format!("{base}/v1/batches/{}", batch["id"].as_str().unwrap());
-    let mut done = Value::Null;
-    for _ in 0..200 {
-        done = client.get(&url).send().await.unwrap().json().await.unwrap();
-        if done["status"] == "completed" {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert_eq!(done["status"], "completed", "{done}");
+    let done: Value = osprey_testkit::eventually(
+        || async {
+            let batch: Value = client.get(&url).send().await.unwrap().json().await.unwrap();
+            assert_ne!(batch["status"], "failed", "{batch}");
+            (batch["status"] == "completed").then_some(batch)
+        },
+        std::time::Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(done["request_counts"]["completed"], 2);
     let output_url = format!(
         "{base}/v1/files/{}/content",

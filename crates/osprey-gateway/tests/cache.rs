@@ -2,11 +2,11 @@
 //! then from the cache, streamed or not; a sampled one never is; and with Redis, a second
 //! gateway answers from what the first one kept.
 
-mod common;
-
 use osprey_gateway::AppState;
 use osprey_gateway::cache::ResponseCache;
 use serde_json::{Value, json};
+
+use crate::common;
 
 const MODEL: &str = "smollm2-135m-instruct";
 

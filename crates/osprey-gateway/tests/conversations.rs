@@ -3,10 +3,6 @@
 //! model) and its turn is kept, streamed or not; and while Postgres is unreachable, requests
 //! that need the store fail fast with a 503 and recover when it returns, with nothing lost.
 
-mod common;
-
-use common::As;
-
 use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::EdgeConfig;
@@ -14,6 +10,8 @@ use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_store::Store;
 use serde_json::{Value, json};
+
+use crate::common::{self, As};
 
 const MODEL: &str = "smollm2-135m-instruct";
 
@@ -287,16 +285,11 @@ async fn while_postgres_is_unreachable_requests_get_a_503_and_recover() {
     eprintln!("503s took {:?}", started.elapsed());
 
     proxy.up();
-    let mut back = None;
-    for _ in 0..50 {
-        match alice.get(&format!("/v1/conversations/{id}")).await {
-            (200, _) => {
-                back = Some(());
-                break;
-            }
-            _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
-        }
-    }
-    assert!(back.is_some(), "the store came back");
+    // The store comes back.
+    osprey_testkit::eventually(
+        || async { (alice.get(&format!("/v1/conversations/{id}")).await.0 == 200).then_some(()) },
+        std::time::Duration::from_secs(30),
+    )
+    .await;
     assert_eq!(alice.texts(&id).await, ["kept"]);
 }

@@ -1,16 +1,19 @@
 //! The edge on one gateway, in front of a test upstream: keys, tenants, limits and their
 //! headers, shaping, admission control, upstream streaming and errors.
 
-mod common;
-
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use common::*;
 use osprey_core::Priority;
 use osprey_gateway::config::{AdmissionConfig, TenantConfig};
 use osprey_store::NewKey;
+use osprey_testkit::eventually;
 use reqwest::Method;
 use serde_json::{Value, json};
+
+use crate::common::*;
 
 #[tokio::test]
 async fn keys_are_required_once_one_exists() {
@@ -30,7 +33,11 @@ async fn keys_are_required_once_one_exists() {
     let key = store.create_key(NewKey::for_tenant("acme")).await.unwrap();
     // Another process created it: the gateway notices within a second (the store's change
     // counter is polled), or at once when the key is used.
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    eventually(
+        || async { (chat(&base, None, hello("mock")).await.status() == 401).then_some(()) },
+        Duration::from_secs(30),
+    )
+    .await;
     for (key, why) in [(None, "missing"), (Some("osk-not-a-key"), "wrong")] {
         let r = chat(&base, key, hello("mock")).await;
         assert_eq!(r.status(), 401, "{why} key");
@@ -55,11 +62,14 @@ async fn keys_are_required_once_one_exists() {
 
     store.revoke_key(&key.record.id).await.unwrap();
     // The store's change counter is polled each second.
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    assert_eq!(
-        chat(&base, Some(&key.secret), hello("mock")).await.status(),
-        401
-    );
+    eventually(
+        || async {
+            let r = chat(&base, Some(&key.secret), hello("mock")).await;
+            (r.status() == 401).then_some(())
+        },
+        Duration::from_secs(30),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -120,12 +130,19 @@ async fn tokens_are_charged_up_front_and_corrected_to_usage() {
     let charged = 2000 - header_num(&r, "x-ratelimit-remaining-tokens");
     assert!(charged >= 1500, "prompt + max_tokens charged: {charged}");
     r.bytes().await.unwrap();
-    // The upstream reported 10 tokens: the rest comes back once the response has ended.
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // The upstream reported 10 tokens: the rest comes back once the response has ended. (Not
+    // longer than 10 s: the bucket refills by itself at 2000 a minute, and 1400 of it would
+    // have come back without any refund in ~40 s.)
     body["max_tokens"] = json!(1);
-    let r = chat(&base, Some(&key), body).await;
-    let remaining = header_num(&r, "x-ratelimit-remaining-tokens");
-    assert!(remaining > 1900, "refunded: {remaining} left");
+    eventually(
+        || async {
+            let r = chat(&base, Some(&key), body.clone()).await;
+            let remaining = header_num(&r, "x-ratelimit-remaining-tokens");
+            (remaining > 1900).then_some(())
+        },
+        Duration::from_secs(10),
+    )
+    .await;
 
     // A request that can never fit is refused, and says why.
     let mut huge = hello("mock");
@@ -195,9 +212,34 @@ async fn tenants_are_shaped_models_allowed_and_max_tokens_clamped() {
     assert_eq!(oversized.status(), 413);
 }
 
+/// An upstream that counts the requests that reached it and answers them only once released:
+/// its base URL, the count, and the release.
+async fn held_upstream() -> (String, Arc<AtomicUsize>, tokio::sync::watch::Sender<bool>) {
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let (release, released) = tokio::sync::watch::channel(false);
+    let counter = arrived.clone();
+    let chat = move || {
+        let (counter, mut released) = (counter.clone(), released.clone());
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let _ = released.wait_for(|&r| r).await;
+            axum::Json(json!({"object": "chat.completion", "model": "held",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "done"}}],
+                "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}}))
+        }
+    };
+    let app = axum::Router::new().route("/v1/chat/completions", axum::routing::post(chat));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, arrived, release)
+}
+
 #[tokio::test]
 async fn batch_work_is_shed_first_when_hot() {
     let (_, store_url) = store().await;
+    let (held_url, arrived, release) = held_upstream().await;
     let setup = Setup {
         store_url,
         admission: AdmissionConfig {
@@ -205,31 +247,36 @@ async fn batch_work_is_shed_first_when_hot() {
             max_queued_tokens: 1_000_000,
             batch_share: 0.5,
         },
-        upstreams: vec![("slow".into(), upstream().await)],
+        upstreams: vec![("held".into(), held_url), ("mock".into(), upstream().await)],
         ..Setup::default()
     };
     let base = gateway(setup).await;
-    let with_priority = |p: Priority| {
-        let mut b = hello("slow");
+    let with_priority = |model: &str, p: Priority| {
+        let mut b = hello(model);
         b["osprey"] = json!({"priority": p});
         b
     };
-    // Two slow batch requests fill the batch share.
+    // Two batch requests, held at the upstream until released, fill the batch share.
     let held: Vec<_> = (0..2)
         .map(|_| {
-            let (base, body) = (base.clone(), with_priority(Priority::Batch));
+            let (base, body) = (base.clone(), with_priority("held", Priority::Batch));
             tokio::spawn(async move { chat(&base, None, body).await.status() })
         })
         .collect();
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let shed = chat(&base, None, with_priority(Priority::Batch)).await;
+    eventually(
+        || async { (arrived.load(Ordering::SeqCst) == 2).then_some(()) },
+        Duration::from_secs(30),
+    )
+    .await;
+    let shed = chat(&base, None, with_priority("mock", Priority::Batch)).await;
     assert_eq!(shed.status(), 503);
     assert_eq!(header_num(&shed, "retry-after"), 1);
     let e: Value = shed.json().await.unwrap();
     assert_eq!(e["error"]["code"], "server_overloaded");
     // Interactive work still gets in.
-    let r = chat(&base, None, with_priority(Priority::Interactive)).await;
+    let r = chat(&base, None, with_priority("mock", Priority::Interactive)).await;
     assert_eq!(r.status(), 200);
+    release.send(true).unwrap();
     for h in held {
         assert_eq!(h.await.unwrap(), 200);
     }
@@ -335,7 +382,6 @@ async fn the_admin_api_needs_the_admin_key() {
 #[tokio::test]
 async fn a_stopping_gateway_finishes_the_answer_in_flight_and_logs_it() {
     use osprey_gateway::upstream::{Upstream, http_client};
-    use std::sync::Arc;
     use tokio::sync::{Notify, mpsc, oneshot};
 
     // An upstream that says when a request arrived and answers when released.

@@ -2,8 +2,6 @@
 //! model and each store backend: a prompt label, the safety policy and an `auto` tier follow
 //! the flag within about a second, and only for the tenant it names.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -19,6 +17,8 @@ use osprey_router::tiers::{Tier, Tiers};
 use osprey_store::Store;
 use reqwest::Method;
 use serde_json::{Value, json};
+
+use crate::common;
 
 const MODEL: &str = "smollm2-135m-instruct";
 const ADMIN: &str = "admin-secret";
@@ -90,20 +90,22 @@ async fn send(
     req.send().await.unwrap()
 }
 
-/// Asks until `probe` gives `want`, for up to 5 s; how long that took.
+/// Asks until `probe` gives `want`; how long that took.
 async fn until<F: AsyncFn() -> String>(probe: F, want: &str) -> Duration {
     let start = Instant::now();
-    loop {
-        let got = probe().await;
-        if got == want {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "still `{got}`, not `{want}`"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let probe = &probe;
+    osprey_testkit::eventually(
+        || async move {
+            let got = probe().await;
+            if got != want {
+                eprintln!("still `{got}`, not `{want}`");
+            }
+            (got == want).then_some(())
+        },
+        Duration::from_secs(30),
+    )
+    .await;
+    start.elapsed()
 }
 
 #[tokio::test]

@@ -30,11 +30,8 @@
 //! | secrets in logs and traces | `secrets.rs` `secrets_never_reach_the_logs` |
 //! | body and header bounds | `secrets.rs` `bodies_and_headers_are_bounded`; generation routes' 413: `api.rs` `bad_input_gets_a_clear_error_and_the_server_keeps_serving`, `edge.rs` |
 
-mod common;
-
 use std::time::Duration;
 
-use common::As;
 use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::cache::ResponseCache;
@@ -44,6 +41,8 @@ use osprey_gateway::limits::RateLimiter;
 use osprey_store::Store;
 use reqwest::Method;
 use serde_json::{Value, json};
+
+use crate::common::{self, As};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const ADMIN: &str = "admin-secret-of-the-operator";
@@ -245,15 +244,19 @@ async fn ingest(who: &As<'_>, collection: &str, documents: Value) -> String {
     assert_eq!(status, 202, "{job}");
     let id = job["id"].as_str().unwrap().to_owned();
     let path = format!("/v1/collections/{collection}/jobs/{id}");
-    for _ in 0..600 {
-        let (_, job) = who.get(&path).await;
-        match job["status"].as_str().unwrap() {
-            "succeeded" => return id,
-            "failed" => panic!("ingest failed: {job}"),
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    panic!("the ingest job did not finish");
+    osprey_testkit::eventually(
+        || async {
+            let (_, job) = who.get(&path).await;
+            match job["status"].as_str().unwrap() {
+                "succeeded" => Some(()),
+                "failed" => panic!("ingest failed: {job}"),
+                _ => None,
+            }
+        },
+        Duration::from_secs(60),
+    )
+    .await;
+    id
 }
 
 /// The collections `who` lists: (name, chunks).
@@ -401,15 +404,15 @@ async fn collections_files_and_batches_are_out_of_another_tenants_reach() {
     let (status, batch) = acme.post("/v1/batches", create(&file)).await;
     assert_eq!(status, 200, "{batch}");
     let id = batch["id"].as_str().unwrap().to_owned();
-    let mut done = Value::Null;
-    for _ in 0..300 {
-        done = acme.get(&format!("/v1/batches/{id}")).await.1;
-        if done["status"] == "completed" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(done["status"], "completed", "{done}");
+    let done = osprey_testkit::eventually(
+        || async {
+            let batch = acme.get(&format!("/v1/batches/{id}")).await.1;
+            assert_ne!(batch["status"], "failed", "{batch}");
+            (batch["status"] == "completed").then_some(batch)
+        },
+        Duration::from_secs(60),
+    )
+    .await;
     let output = done["output_file_id"].as_str().unwrap();
     let at = format!("/v1/files/{output}/content");
     refused_as_if_missing(&globex, Method::GET, &at, output, None, 404).await;
@@ -561,12 +564,12 @@ async fn another_tenant_never_reuses_a_kv_prefix() {
         let queried = stats.prefix_queried_tokens();
         let r = common::chat(&base, Some(key), body.clone()).await;
         assert_eq!(r.status(), 200);
-        for _ in 0..100 {
-            if stats.prefix_queried_tokens() > queried {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        // The engine's counters are published after its step.
+        osprey_testkit::eventually(
+            || async { (stats.prefix_queried_tokens() > queried).then_some(()) },
+            Duration::from_secs(30),
+        )
+        .await;
         stats.prefix_hit_tokens()
     };
     let cold = hits_after(&a).await;
@@ -644,21 +647,24 @@ async fn tenant_keys_never_open_the_admin_api() {
         );
     }
     // The request log holds acme's request, for the operator alone.
-    let mut log = Value::Null;
-    for _ in 0..50 {
-        let r = common::admin(
-            &w.base,
-            ADMIN,
-            Method::GET,
-            "/admin/requests?tenant=acme",
-            None,
-        );
-        log = r.await.json().await.unwrap();
-        if log["data"].as_array().is_some_and(|d| !d.is_empty()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let log: Value = osprey_testkit::eventually(
+        || async {
+            let r = common::admin(
+                &w.base,
+                ADMIN,
+                Method::GET,
+                "/admin/requests?tenant=acme",
+                None,
+            );
+            let log: Value = r.await.json().await.unwrap();
+            log["data"]
+                .as_array()
+                .is_some_and(|d| !d.is_empty())
+                .then_some(log)
+        },
+        Duration::from_secs(30),
+    )
+    .await;
     assert_eq!(log["data"][0]["tenant"], ACME, "{log}");
 }
 
@@ -681,18 +687,15 @@ async fn the_store_never_holds_a_key_secret() {
         assert_eq!(r.status(), 200, "the key works");
         // Its last use is written within a second or two.
         let id = created["id"].as_str().unwrap();
-        let mut used = None;
-        for _ in 0..50 {
-            let keys = store.list_keys().await.unwrap();
-            used = keys
-                .into_iter()
-                .find(|k| k.id == id && k.last_used_at.is_some());
-            if used.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let record = used.expect("the key's use is recorded");
+        let record = osprey_testkit::eventually(
+            || async {
+                let keys = store.list_keys().await.unwrap();
+                keys.into_iter()
+                    .find(|k| k.id == id && k.last_used_at.is_some())
+            },
+            Duration::from_secs(30),
+        )
+        .await;
         assert_eq!(record.hash, osprey_store::keys::hash_secret(&secret));
         assert!(!format!("{record:?}").contains(&secret[4..]), "{record:?}");
         let listed = common::admin(&w.base, ADMIN, Method::GET, "/admin/keys", None).await;

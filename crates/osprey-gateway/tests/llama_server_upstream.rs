@@ -2,14 +2,13 @@
 //! (`../shared/peers/llama-cpp.sh`, found in `$LLAMA_SERVER` or the peers cache): every token
 //! llama-server generates reaches the client through the gateway, in order.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::*;
 use serde_json::{Value, json};
+
+use crate::common::*;
 
 fn llama_server() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("LLAMA_SERVER").map(PathBuf::from) {
@@ -72,18 +71,15 @@ async fn a_llama_server_stream_arrives_whole() {
             .expect("llama-server starts"),
     );
     let direct = format!("http://127.0.0.1:{port}/v1");
-    let mut up = false;
-    for _ in 0..300 {
-        if reqwest::get(format!("http://127.0.0.1:{port}/health"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(up, "llama-server answered /health within a minute");
+    // llama-server answers /health once it has loaded the model.
+    osprey_testkit::eventually(
+        || async {
+            let health = reqwest::get(format!("http://127.0.0.1:{port}/health")).await;
+            health.is_ok_and(|r| r.status() == 200).then_some(())
+        },
+        Duration::from_secs(60),
+    )
+    .await;
 
     let (_, store_url) = store().await;
     let base = gateway(Setup {

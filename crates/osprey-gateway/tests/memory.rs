@@ -5,9 +5,6 @@
 //! prompt version and what was injected; deleting a user forgets all of theirs, cached answers
 //! included (in memory and in Redis).
 
-mod common;
-
-use common::As;
 use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::cache::ResponseCache;
@@ -16,6 +13,8 @@ use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_store::{Owner, Store};
 use serde_json::{Value, json};
+
+use crate::common::{self, As};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const ADMIN: &str = "admin-secret";
@@ -348,24 +347,24 @@ async fn facts_are_extracted_from_what_users_say_when_the_tenant_enables_it() {
         )
         .await;
     }
-    let mut facts = Vec::new();
-    // Flags are read again at most once a second.
-    for _ in 0..20 {
-        ask(&alice, chat("Be brief.", said, json!({"memory": false}))).await;
-        let (_, list) = alice.get("/v1/memory/facts").await;
-        facts = (list["data"].as_array().unwrap().iter())
-            .map(|f| {
-                (
-                    f["content"].as_str().unwrap().to_owned(),
-                    f["source"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
-        if !facts.is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    // Flags are read again at most once a second: until then, what is said is not looked at.
+    let mut facts: Vec<(String, String)> = osprey_testkit::eventually(
+        || async {
+            ask(&alice, chat("Be brief.", said, json!({"memory": false}))).await;
+            let (_, list) = alice.get("/v1/memory/facts").await;
+            let facts: Vec<_> = (list["data"].as_array().unwrap().iter())
+                .map(|f| {
+                    (
+                        f["content"].as_str().unwrap().to_owned(),
+                        f["source"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect();
+            (!facts.is_empty()).then_some(facts)
+        },
+        std::time::Duration::from_secs(30),
+    )
+    .await;
     facts.sort();
     assert_eq!(
         facts,
@@ -405,20 +404,20 @@ async fn the_request_log_names_the_prompt_version_and_what_went_in() {
         let (status, _, _) = ask(&alice, body).await;
         assert_eq!(status, 200);
         // Rows are written off the request's path: wait for ours.
-        let mut rows = Value::Null;
-        for _ in 0..50 {
-            rows = admin(
-                &base,
-                reqwest::Method::GET,
-                "/admin/requests?user=alice",
-                None,
-            )
-            .await;
-            if !rows["data"].as_array().unwrap().is_empty() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+        let rows = osprey_testkit::eventually(
+            || async {
+                let rows = admin(
+                    &base,
+                    reqwest::Method::GET,
+                    "/admin/requests?user=alice",
+                    None,
+                )
+                .await;
+                (!rows["data"].as_array().unwrap().is_empty()).then_some(rows)
+            },
+            std::time::Duration::from_secs(30),
+        )
+        .await;
         let row = &rows["data"][0];
         assert_eq!(
             row["prompt"],

@@ -2,8 +2,6 @@
 //! router both ways: every route in the source is documented, and every documented operation
 //! reaches a handler rather than the router's fallback.
 
-mod common;
-
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
@@ -14,6 +12,8 @@ use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use serde_json::Value;
 use utoipa::OpenApi;
+
+use crate::common;
 
 /// The methods an OpenAPI path item may hold that the gateway uses.
 const METHODS: [&str; 4] = ["get", "post", "put", "delete"];

@@ -3,8 +3,6 @@
 //! messages and settings and says which version answered, a split label gives each user one
 //! version for good, and a rollback takes effect at once.
 
-mod common;
-
 use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::EdgeConfig;
@@ -12,6 +10,8 @@ use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_store::Store;
 use serde_json::{Value, json};
+
+use crate::common;
 
 const MODEL: &str = "smollm2-135m-instruct";
 const ADMIN: &str = "admin-secret";

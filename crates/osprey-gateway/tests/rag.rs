@@ -5,13 +5,10 @@
 //! passages in the prompt and answers with citations pointing at real chunks, streamed or
 //! not, while a passage carrying a prompt injection is kept out.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::As;
 use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{EdgeConfig, TenantConfig};
@@ -19,6 +16,8 @@ use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_store::NewKey;
 use serde_json::{Value, json};
+
+use crate::common::{self, As};
 
 const MODEL: &str = "smollm2-135m-instruct";
 
@@ -86,16 +85,19 @@ async fn ingest(who: &As<'_>, collection: &str, body: Value) -> Value {
         "/v1/collections/{collection}/jobs/{}",
         job["id"].as_str().unwrap()
     );
-    for _ in 0..600 {
-        let (status, job) = who.get(&path).await;
-        assert_eq!(status, 200, "{job}");
-        match job["status"].as_str().unwrap() {
-            "succeeded" => return job,
-            "failed" => panic!("ingest failed: {job}"),
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    panic!("the ingest job did not finish");
+    osprey_testkit::eventually(
+        || async {
+            let (status, job) = who.get(&path).await;
+            assert_eq!(status, 200, "{job}");
+            match job["status"].as_str().unwrap() {
+                "succeeded" => Some(job),
+                "failed" => panic!("ingest failed: {job}"),
+                _ => None,
+            }
+        },
+        Duration::from_secs(60),
+    )
+    .await
 }
 
 async fn search(who: &As<'_>, collection: &str, body: Value) -> (u16, Value) {

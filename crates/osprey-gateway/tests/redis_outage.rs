@@ -1,20 +1,22 @@
 //! Redis going away mid-test, through a proxy in front of the real Redis
 //! (`OSPREY_TEST_REDIS_URL`): requests keep passing on local limits (this replica's share), the
-//! switch shows in /metrics, and limits are shared again once Redis is back. Its own test
-//! binary, so the metrics it reads are its own.
-
-mod common;
+//! switch shows in /metrics, and limits are shared again once Redis is back. The metrics it
+//! reads are the process's: it holds [`redis_limits_alone`], so no other gateway limiting
+//! through Redis moves them meanwhile.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use osprey_testkit::eventually;
+
+use crate::common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_redis_falls_back_to_local_shares_and_recovers() {
     let Some(redis) = redis_url("losing_redis_falls_back_to_local_shares_and_recovers") else {
         return;
     };
+    let _alone = redis_limits_alone().await;
     let proxy = Proxy::start(&redis).await;
     let (store, store_url) = store().await;
     let t = unique("outage");
@@ -52,17 +54,15 @@ async fn losing_redis_falls_back_to_local_shares_and_recovers() {
     );
     assert_eq!(metric(&base, "osprey_ratelimit_redis_up").await, Some(0.0));
     proxy.up();
-    // Redis is retried a second after the last failure.
-    let mut shared_again = false;
-    for _ in 0..30 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let r = chat(&base, Some(&key), hello("mock")).await;
-        assert_eq!(r.status(), 200);
-        if limit_seen(&r) == 1000 {
-            shared_again = true;
-            break;
-        }
-    }
-    assert!(shared_again, "limits are shared again once Redis is back");
+    // Redis is retried a second after the last failure: limits are shared again once it is back.
+    eventually(
+        || async {
+            let r = chat(&base, Some(&key), hello("mock")).await;
+            assert_eq!(r.status(), 200);
+            (limit_seen(&r) == 1000).then_some(())
+        },
+        Duration::from_secs(30),
+    )
+    .await;
     assert_eq!(metric(&base, "osprey_ratelimit_redis_up").await, Some(1.0));
 }

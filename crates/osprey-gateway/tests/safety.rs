@@ -2,8 +2,6 @@
 //! what the tenant's guards find; a chat whose user message or tool result carries an injection
 //! is refused before it reaches the model; under a redacting policy the model sees placeholders.
 
-mod common;
-
 use std::collections::BTreeMap;
 
 use osprey_gateway::AppState;
@@ -11,6 +9,8 @@ use osprey_gateway::safety::Policies;
 use osprey_policy::Action;
 use osprey_policy::pipeline::{CategoryRule, PolicyConfig};
 use serde_json::{Value, json};
+
+use crate::common;
 
 const MODEL: &str = "smollm2-135m-instruct";
 
@@ -379,14 +379,14 @@ async fn flagged_keys_are_audited_and_throttled() {
         "another key of the tenant is not throttled: {body}"
     );
     // Written in the background: wait for the entries.
-    let mut entries = Vec::new();
-    for _ in 0..50 {
-        entries = store.audit_log(Some("acme"), 100).await.unwrap();
-        if entries.len() >= 4 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let entries = osprey_testkit::eventually(
+        || async {
+            let entries = store.audit_log(Some("acme"), 100).await.unwrap();
+            (entries.len() >= 4).then_some(entries)
+        },
+        std::time::Duration::from_secs(30),
+    )
+    .await;
     let rules: Vec<&str> = entries.iter().map(|e| e.rule.as_str()).collect();
     assert!(rules.contains(&"ignore_previous"), "{rules:?}");
     assert!(rules.contains(&"credit_card"), "{rules:?}");

@@ -3,8 +3,6 @@
 //! (streamed too), a different one does not, nor does the same question under another system
 //! prompt or for a tenant without the flag.
 
-mod common;
-
 use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::cache::ResponseCache;
@@ -12,6 +10,8 @@ use osprey_gateway::config::EdgeConfig;
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use serde_json::{Value, json};
+
+use crate::common;
 
 const MODEL: &str = "smollm2-135m-instruct";
 

@@ -1,14 +1,14 @@
 //! Two gateway replicas sharing limits and revocations through a real Redis
-//! (`OSPREY_TEST_REDIS_URL`).
-
-mod common;
+//! (`OSPREY_TEST_REDIS_URL`). Each test holds [`redis_limits_alone`]: the `osprey_ratelimit_*`
+//! metrics its replicas move are the process's.
 
 use std::collections::BTreeMap;
 
-use common::*;
 use osprey_gateway::config::TenantConfig;
 use reqwest::Method;
 use serde_json::Value;
+
+use crate::common::*;
 
 /// Two replicas sharing `redis`, serving a mock upstream to a new tenant with `limits`; returns
 /// their base URLs and a key of the tenant.
@@ -32,7 +32,10 @@ async fn two_replicas_share_one_limit() {
     let Some(redis) = redis_url("two_replicas_share_one_limit") else {
         return;
     };
-    let (replicas, key) = two_replicas(redis, tenant(20, 1_000_000)).await;
+    let _alone = redis_limits_alone().await;
+    const LIMIT: u64 = 20;
+    let (replicas, key) = two_replicas(redis, tenant(LIMIT, 1_000_000)).await;
+    let start = std::time::Instant::now();
     let mut admitted = [0; 2];
     for i in 0..40 {
         let r = chat(&replicas[i % 2], Some(&key), hello("mock")).await;
@@ -43,8 +46,13 @@ async fn two_replicas_share_one_limit() {
         }
     }
     let total = admitted[0] + admitted[1];
-    // The limit is 20 a minute with a minute's burst; one more may refill during the test.
-    assert!((20..=21).contains(&total), "admitted {admitted:?}");
+    // The limit is 20 a minute with a minute's burst; one more refills every 3 s the test runs
+    // (one in all, unless the tests running beside it slow it down).
+    let refilled = (start.elapsed().as_secs_f64() * LIMIT as f64 / 60.0).ceil() as u64;
+    assert!(
+        (LIMIT..=LIMIT + refilled).contains(&total),
+        "admitted {admitted:?}, refilled {refilled}"
+    );
     assert!(
         admitted.iter().all(|&n| n >= 9),
         "both replicas served: {admitted:?}"
@@ -59,6 +67,7 @@ async fn leased_limits_still_hold_across_replicas() {
     let Some(redis) = redis_url("leased_limits_still_hold_across_replicas") else {
         return;
     };
+    let _alone = redis_limits_alone().await;
     const LIMIT: u64 = 1600;
     let (replicas, key) = two_replicas(redis, tenant(LIMIT, 1_000_000_000)).await;
     let calls = |base| async move {
@@ -127,6 +136,7 @@ async fn a_revocation_reaches_every_replica_at_once() {
     let Some(redis) = redis_url("a_revocation_reaches_every_replica_at_once") else {
         return;
     };
+    let _alone = redis_limits_alone().await;
     let (_, store_url) = store().await;
     let setup = Setup {
         store_url,

@@ -3,10 +3,10 @@
 //! shapes whole and streamed, `role: tool` messages taken back in, and bad input refused in the
 //! error envelope.
 
-mod common;
-
 use osprey_gateway::AppState;
 use serde_json::{Value, json};
+
+use crate::common;
 
 const MODEL: &str = "smollm2-135m-instruct";
 

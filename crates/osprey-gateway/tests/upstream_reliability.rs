@@ -1,9 +1,8 @@
 //! Upstream failures: a request the upstream fails before answering is retried within the
 //! retry budget, and an upstream that keeps failing has its circuit breaker opened, so it is
-//! refused at once instead of being hit with every request and every retry. Its own test
-//! binary, so the metrics it reads are its own.
-
-mod common;
+//! refused at once instead of being hit with every request and every retry. The metrics it
+//! reads are the process's: they are labelled with a model name of the test's own, or read as
+//! the change the test made.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,8 +11,9 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
-use common::*;
 use serde_json::{Value, json};
+
+use crate::common::*;
 
 /// What an upstream received: how many requests, and their `x-request-id`s.
 #[derive(Default)]
@@ -82,8 +82,9 @@ async fn error_code(r: reqwest::Response) -> (u16, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_before_the_answer_is_retried() {
     let (url, seen) = flaky_upstream(1).await;
-    let base = gateway_for("flaky", url).await;
-    let r = chat(&base, None, hello("flaky")).await;
+    let model = unique("flaky");
+    let base = gateway_for(&model, url).await;
+    let r = chat(&base, None, hello(&model)).await;
     assert_eq!(r.status(), 200, "the retry succeeded");
     assert_eq!(
         seen.count.load(Ordering::SeqCst),
@@ -96,17 +97,18 @@ async fn a_failure_before_the_answer_is_retried() {
         "a retry is the same request: {ids:?}"
     );
     assert_eq!(r.headers()["x-request-id"].to_str().unwrap(), ids[0]);
-    let retries = r#"osprey_upstream_retries_total{model="flaky"}"#;
-    assert_eq!(metric(&base, retries).await, Some(1.0));
+    let retries = format!("osprey_upstream_retries_total{{model=\"{model}\"}}");
+    assert_eq!(metric(&base, &retries).await, Some(1.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_upstream_gets_a_budget_of_retries_then_an_open_breaker() {
     let (url, seen) = flaky_upstream(usize::MAX).await;
-    let base = gateway_for("down", url).await;
+    let model = unique("down");
+    let base = gateway_for(&model, url).await;
     let mut outcomes = Vec::new();
     for _ in 0..30 {
-        outcomes.push(error_code(chat(&base, None, hello("down")).await).await);
+        outcomes.push(error_code(chat(&base, None, hello(&model)).await).await);
     }
     // The first requests reach the upstream (502, its failure passed on); once five fail in
     // a row the breaker opens and the rest are refused here (503) without reaching it.
@@ -126,13 +128,13 @@ async fn a_failing_upstream_gets_a_budget_of_retries_then_an_open_breaker() {
         attempts, 5,
         "the breaker's threshold, retries included: {outcomes:?}"
     );
-    let refused = r#"osprey_upstream_retries_refused_total{model="down"}"#;
+    let refused = format!("osprey_upstream_retries_refused_total{{model=\"{model}\"}}");
     assert!(
-        metric(&base, refused).await.unwrap_or(0.0) >= 1.0,
+        metric(&base, &refused).await.unwrap_or(0.0) >= 1.0,
         "the budget ran out"
     );
-    let state = r#"osprey_upstream_breaker_state{model="down"}"#;
-    assert_eq!(metric(&base, state).await, Some(2.0), "open");
+    let state = format!("osprey_upstream_breaker_state{{model=\"{model}\"}}");
+    assert_eq!(metric(&base, &state).await, Some(2.0), "open");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -189,6 +191,9 @@ async fn a_failing_model_falls_back_in_order_and_says_so() {
 async fn a_failed_request_answered_before_gets_that_answer() {
     let (url, seen) = scripted_upstream(|n| n >= 1).await;
     let base = gateway_for("fading", url).await;
+    // The counter is the process's: what this test adds to it.
+    let served = r#"osprey_cached_answers_served_total{why="fallback"}"#;
+    let served_before = metric(&base, served).await.unwrap_or(0.0);
     let first = chat(&base, None, hello("fading")).await;
     assert_eq!(first.status(), 200);
     assert!(first.headers().get("x-osprey-cache").is_none());
@@ -210,8 +215,8 @@ async fn a_failed_request_answered_before_gets_that_answer() {
     assert!(status >= 502, "{status} {code}");
     assert!(code.starts_with("upstream_"), "{code}");
     assert!(seen.count.load(Ordering::SeqCst) >= 2);
-    let served = r#"osprey_cached_answers_served_total{why="fallback"}"#;
-    assert_eq!(metric(&base, served).await, Some(1.0));
+    let served_now = metric(&base, served).await.unwrap_or(0.0);
+    assert_eq!(served_now - served_before, 1.0);
 }
 
 #[test]

@@ -7,10 +7,14 @@
 //! - [`shared_engine`]: one engine per test process over the default model; [`engine`] and
 //!   [`test_config`] for tests that need their own;
 //! - [`scripted`]: a scripted agent model, for the orchestrator's logic without a real model;
-//!   [`mcp_servers`]: real third-party MCP servers from the npm registry.
+//!   [`mcp_servers`]: real third-party MCP servers from the npm registry;
+//! - [`eventually`]: waits for a condition instead of a fixed sleep before an assertion.
 #![deny(missing_docs)]
 
 pub mod scripted;
+mod wait;
+
+pub use wait::{eventually, eventually_blocking};
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -1,7 +1,7 @@
 //! A gateway in front of a test upstream, and a switchable TCP proxy to simulate a Redis
-//! outage: the pieces of the edge tests.
-
-#![allow(dead_code)]
+//! outage: the pieces of the edge tests. And what tests sharing one process need: a lock for
+//! the tests of Redis-backed limits ([`redis_limits_alone`]), and a child process of this binary
+//! for a test that needs the process to itself ([`run_alone`]).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -34,6 +34,57 @@ pub fn redis_url(test: &str) -> Option<String> {
             None
         }
     }
+}
+
+/// Held for its whole length by each test whose gateways limit through Redis: the
+/// `osprey_ratelimit_*` metrics they move (`osprey_ratelimit_redis_up` above all) are the
+/// process's, not a gateway's, and some of these tests read them; so these tests run one at a
+/// time (other tests, which move none of them, run beside them freely).
+pub async fn redis_limits_alone() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// The variable [`run_alone`] sets in the child process: the path of the test it runs there.
+const ALONE_VAR: &str = "OSPREY_TEST_ALONE";
+
+/// Runs the ignored test `path` (as this binary names it: `module::test`) in a child process of
+/// this binary, alone, with `env` set; asserts that it passed and returns what it printed.
+///
+/// For a test that needs what is process-wide to itself: a tracing subscriber of its own, or
+/// the engine gauges in /metrics moved by its engine alone (every engine of a process sets the
+/// same ones), as it had when each file was a test binary of its own.
+pub fn run_alone(path: &str, env: &[(&str, &str)]) -> String {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            path,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ALONE_VAR, path)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("1 passed"), "{said}");
+    said
+}
+
+/// Whether this is the child process [`run_alone`] started for the test `path`; if not (the
+/// ignored tests run by hand), says that the test is skipped.
+pub fn alone(path: &str) -> bool {
+    let alone = std::env::var(ALONE_VAR).is_ok_and(|p| p == path);
+    if !alone {
+        eprintln!("SKIPPED {path}: it runs in a process of its own, started by another test");
+    }
+    alone
 }
 
 /// A unique name, so runs sharing one Redis never share buckets.
@@ -119,8 +170,7 @@ pub async fn serve(state: AppState) -> String {
 }
 
 /// An OpenAI-compatible upstream: echoes the `max_tokens` it received, streams
-/// [`STREAM_CHUNKS`] chunks (`t0 `, `t1 `, …) then usage, sleeps on model `slow`, fails on
-/// model `broken`.
+/// [`STREAM_CHUNKS`] chunks (`t0 `, `t1 `, …) then usage, fails on model `broken`.
 pub async fn upstream() -> String {
     async fn chat(Json(body): Json<Value>) -> Response {
         let model = body["model"].as_str().unwrap_or("").to_owned();
@@ -128,13 +178,11 @@ pub async fn upstream() -> String {
             let e = json!({"error": {"message": "engine crashed", "type": "server_error"}});
             return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, Json(e)).into_response();
         }
-        if model == "slow" {
-            tokio::time::sleep(Duration::from_millis(800)).await;
-        }
         if body["stream"] == true {
             let events = futures_util::stream::unfold(0usize, |i| async move {
                 let data = match i {
                     i if i < STREAM_CHUNKS => {
+                        // Paced like a model's tokens: part of the scenario, not a wait.
                         tokio::time::sleep(Duration::from_millis(2)).await;
                         json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": format!("t{i} ")}}]}).to_string()
                     }
