@@ -5,6 +5,7 @@
 use osprey_engine::kv::{BlockTable, KvCacheManager, SharedKvCacheManager};
 use osprey_models::BLOCK_SIZE;
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -126,7 +127,15 @@ fn check(manager: &SharedKvCacheManager, seqs: &[Seq]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // Failures are kept next to this file (`kv_properties.proptest-regressions`) and replayed
+    // first. Proptest's default looks for a folder above this file holding a `main.rs` (now
+    // `tests/`, whose `main.rs` makes this file a module) and would keep them in
+    // `proptest-regressions/kv_properties.txt` beside it instead.
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn block_accounting_balances(ops in prop::collection::vec(op(), 1..200), pool in 4..24usize) {

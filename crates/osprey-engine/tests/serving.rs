@@ -1,9 +1,11 @@
 //! The engine under serving conditions, on the real model: prefix-cache hits, preemption and
 //! a full batch must never change a sequence's greedy output.
 
+use std::time::Duration;
+
 use osprey_core::SamplingParams;
 use osprey_engine::{Engine, EngineConfig, GenerateRequest, TemplateMessage};
-use osprey_testkit::{engine, test_config};
+use osprey_testkit::{engine, eventually, test_config};
 
 /// A chat prompt: a shared system prompt and a question of its own.
 fn chat(engine: &Engine, system: &str, user: &str) -> Vec<u32> {
@@ -142,18 +144,14 @@ async fn a_preempted_sequence_resumes_with_identical_output() {
     for (i, (a, b)) in solo.iter().zip(&together).enumerate() {
         assert_eq!(a, b, "request {i} changed by preemption");
     }
-    // The engine publishes its counters after the step that sent the last token: wait for it.
-    for _ in 0..500 {
-        if tight.stats().free_blocks() == tight.stats().total_blocks() {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!(
-        "blocks not returned: {} of {} free",
-        tight.stats().free_blocks(),
-        tight.stats().total_blocks()
-    );
+    // Every block is returned. The engine publishes its counters after the step that sent the
+    // last token: wait for it.
+    let stats = tight.stats();
+    eventually(
+        || async move { (stats.free_blocks() == stats.total_blocks()).then_some(()) },
+        Duration::from_secs(60),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -243,6 +243,8 @@ async fn a_hanging_fetch_holds_up_only_its_own_request() {
     let url = format!("redis://{}", listener.local_addr().unwrap());
     let _hold = std::thread::spawn(move || {
         let conns: Vec<_> = listener.incoming().take(64).collect();
+        // Part of the scenario, not a wait before an assertion: the connections stay open and
+        // unanswered for longer than the test runs.
         std::thread::sleep(Duration::from_secs(60));
         drop(conns);
     });

@@ -5,10 +5,11 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use osprey_testkit::Process;
 use serde_json::Value;
+
+use crate::support::{self, ServerSlot};
 
 const ADMIN: &str = "dashboard-test-admin";
 
@@ -18,6 +19,7 @@ fn repo() -> &'static Path {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_charts_streams_a_playground_answer_and_shows_its_request() {
+    let _slot = ServerSlot::take_async().await;
     let kit = Command::new("bash")
         .arg(repo().join("scripts/browser-kit.sh"))
         .stderr(Stdio::inherit())
@@ -39,16 +41,7 @@ async fn the_page_charts_streams_a_playground_answer_and_shows_its_request() {
     );
     let url = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Ok(r) = client.get(format!("{url}/ready")).send().await
-            && r.status().is_success()
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the server was not ready");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    support::ready(&client, &url).await;
     // The page itself needs no key; the admin routes behind it do.
     let page = client.get(&url).send().await.unwrap();
     assert!(page.status().is_success());

@@ -13,7 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use osprey_testkit::eventually;
 use serde_json::{Value, json};
+
+use crate::support;
 
 /// The admin key of the servers under test.
 const ADMIN: &str = "durability-admin";
@@ -39,15 +42,8 @@ impl Server {
             child,
             base: format!("http://127.0.0.1:{port}"),
         };
-        for _ in 0..200 {
-            if let Ok(r) = reqwest::get(format!("{}/health", server.base)).await
-                && r.status().is_success()
-            {
-                return server;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("osprey serve did not come up");
+        support::up(&client(), &server.base, "/health").await;
+        server
     }
 
     fn kill(&mut self) {
@@ -112,10 +108,34 @@ struct Acknowledged {
     refused: Vec<u16>,
 }
 
-/// Six writers append to conversation `id` and create new ones while `during` runs, then
-/// stop; a writer also stops when the server is gone. Returns what was acknowledged.
-async fn write_while(base: &str, id: &str, during: impl Future<Output = ()>) -> Acknowledged {
-    let acked = Arc::new(Mutex::new(Acknowledged::default()));
+/// What the writers have acknowledged so far, as they go.
+type Progress = Arc<Mutex<Acknowledged>>;
+
+impl Acknowledged {
+    /// How many writes were acknowledged, of every kind.
+    fn writes(&self) -> usize {
+        self.appended.len() + self.created.len() + self.facts.len() + self.prompts.len()
+    }
+}
+
+/// Waits until the writers have had more than `n` appends acknowledged.
+async fn appended_more_than(progress: &Progress, n: usize) {
+    eventually(
+        || async move { (progress.lock().unwrap().appended.len() > n).then_some(()) },
+        Duration::from_secs(60),
+    )
+    .await;
+}
+
+/// Six writers append to conversation `id` and create new ones while `during` runs (given
+/// their progress), then stop; a writer also stops when the server is gone. Returns what was
+/// acknowledged.
+async fn write_while<F, Fut>(base: &str, id: &str, during: F) -> Acknowledged
+where
+    F: FnOnce(Progress) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let acked: Progress = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
     for w in 0..6 {
@@ -151,6 +171,7 @@ async fn write_while(base: &str, id: &str, during: impl Future<Output = ()>) -> 
                 };
                 if !r.status().is_success() {
                     acked.lock().unwrap().refused.push(r.status().as_u16());
+                    // Pacing, not a wait for something: a refused writer retries a little later.
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
@@ -167,7 +188,7 @@ async fn write_while(base: &str, id: &str, during: impl Future<Output = ()>) -> 
             }
         }));
     }
-    during.await;
+    during(acked.clone()).await;
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         let _ = w.await;
@@ -223,8 +244,9 @@ async fn every_acknowledged_write_survives(store: &str) {
     let mut server = Server::start(store).await;
     let id = conversation(&server.base).await;
     let base = server.base.clone();
-    let acked = write_while(&base, &id, async {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+    let acked = write_while(&base, &id, |progress| async move {
+        // Killed mid-stream, once the writers have got going.
+        appended_more_than(&progress, 20).await;
         server.kill();
     })
     .await;
@@ -270,13 +292,33 @@ async fn acknowledged_writes_survive_a_postgres_crash_and_restart_mid_load() {
     };
     let server = Server::start(&pg.url()).await;
     let id = conversation(&server.base).await;
-    // Down for longer than a request waits for a connection (3 s), so some are refused.
-    let acked = write_while(&server.base, &id, async {
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+    let pg = &pg; // borrowed: the cluster lives on after the writers stop
+    let acked = write_while(&server.base, &id, |progress| async move {
+        // Crashed once the writers have got going.
+        appended_more_than(&progress, 20).await;
         pg.ctl_async(&["stop", "-m", "immediate"]).await;
-        tokio::time::sleep(Duration::from_millis(4000)).await;
+        // Down until a write has waited out its wait for a connection (3 s) and was refused.
+        let progress = &progress;
+        eventually(
+            || async move {
+                progress
+                    .lock()
+                    .unwrap()
+                    .refused
+                    .contains(&503)
+                    .then_some(())
+            },
+            Duration::from_secs(60),
+        )
+        .await;
         pg.ctl_async(&["start", "-w", "-l", &pg.log()]).await;
-        tokio::time::sleep(Duration::from_millis(2000)).await;
+        // Back: writes are acknowledged again, without restarting Osprey.
+        let before = progress.lock().unwrap().writes();
+        eventually(
+            || async move { (progress.lock().unwrap().writes() > before + 20).then_some(()) },
+            Duration::from_secs(60),
+        )
+        .await;
     })
     .await;
     let unavailable = acked.refused.iter().filter(|&&s| s == 503).count();

@@ -4,9 +4,10 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use osprey_testkit::Process;
+
+use crate::support::{self, ServerSlot};
 
 const ADMIN: &str = "eval-test-admin";
 
@@ -51,6 +52,7 @@ impl Cli {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suites_compare_gate_and_replay_on_the_real_model() {
+    let _slot = ServerSlot::take_async().await;
     let dir = std::env::temp_dir().join(format!("osprey-eval-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -112,14 +114,7 @@ async fn suites_compare_gate_and_replay_on_the_real_model() {
             .stdout(Stdio::null()),
     );
     let url = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !reqwest::get(format!("{url}/ready"))
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "the server was not ready");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    support::ready(&reqwest::Client::new(), &url).await;
 
     // Questions whose answer is one word the small model knows, checked by rule.
     let suite = dir.join("capitals.jsonl");

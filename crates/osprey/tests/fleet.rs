@@ -5,11 +5,13 @@
 //! was sent before.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
-use osprey_testkit::Process;
+use osprey_testkit::{Process, eventually};
 use serde_json::{Value, json};
+
+use crate::support::{STARTUP, ServerSlot};
 
 const NAME: &str = "smollm2-135m-instruct";
 
@@ -95,27 +97,17 @@ async fn fleet_of(kind: &str, policy: &str) -> Fleet {
         worker_processes,
         _stores: stores,
     };
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let client = reqwest::Client::new();
-    loop {
-        let ready = client.get(format!("{}/ready", fleet.gateway)).send().await;
-        let live = match ready {
-            Ok(r) => r.json::<Value>().await.ok().map_or(0, |v| {
-                v["workers"]
-                    .as_array()
-                    .map_or(0, |ws| ws.iter().filter(|w| w["live"] == true).count())
-            }),
-            Err(_) => 0,
-        };
-        if live == 2 {
-            return fleet;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the fleet was not ready within 180 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (client, url) = (&reqwest::Client::new(), &format!("{}/ready", fleet.gateway));
+    eventually(
+        || async move {
+            let ready: Value = client.get(url).send().await.ok()?.json().await.ok()?;
+            let workers = ready["workers"].as_array()?;
+            (workers.iter().filter(|w| w["live"] == true).count() == 2).then_some(())
+        },
+        STARTUP,
+    )
+    .await;
+    fleet
 }
 
 fn chat(system: &str, question: &str, max_tokens: u32, stream: bool) -> Value {
@@ -167,13 +159,29 @@ async fn prefix_hits(client: &reqwest::Client, worker: &str) -> f64 {
         .map_or(0.0, |v| v.parse().unwrap())
 }
 
+/// The sum of metric `name`'s series (all label values) in the Prometheus text at `url`;
+/// `None` if it cannot be read.
+async fn metric(client: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
+    let text = client.get(url).send().await.ok()?.text().await.ok()?;
+    let values = text.lines().filter_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let metric = series.split('{').next()?;
+        (metric == name)
+            .then(|| value.parse::<f64>().ok())
+            .flatten()
+    });
+    Some(values.sum())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_go_to_the_worker_holding_their_prompt() {
+    let _slot = ServerSlot::take_async().await;
     placement_follows_the_cache(&fleet("cache_aware").await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_upstreams_get_requests_where_they_were_sent_before() {
+    let _slot = ServerSlot::take_async().await;
     let fleet = fleet_of("serve", "cache_aware").await;
     placement_follows_the_cache(&fleet).await;
     // What the gateway sent is all it knows: counted as prompt blocks found cached.
@@ -226,6 +234,7 @@ async fn placement_follows_the_cache(fleet: &Fleet) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_under_load_loses_no_unstarted_request() {
+    let _slot = ServerSlot::take_async().await;
     let mut fleet = fleet("least_loaded").await;
     let client = reqwest::Client::new();
     let system = system_prompt("support");
@@ -269,13 +278,29 @@ async fn a_worker_killed_under_load_loses_no_unstarted_request() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let victim = fleet
         .workers
         .iter()
         .position(|w| *w == streams[0].0)
         .unwrap();
     let survivor = fleet.workers[1 - victim].clone();
+    // Mid-way: the gateway has sent all eight on, and the victim holds some of them (queued or
+    // answering) beside its stream.
+    let (gateway, victim_url) = (
+        &format!("{}/metrics", fleet.gateway),
+        &format!("{}/metrics", fleet.workers[victim]),
+    );
+    let client_ref = &client;
+    eventually(
+        || async move {
+            let sent = metric(client_ref, gateway, "osprey_worker_requests_total").await?;
+            let running = metric(client_ref, victim_url, "osprey_running_sequences").await?;
+            let waiting = metric(client_ref, victim_url, "osprey_waiting_sequences").await?;
+            (sent >= 10.0 && running + waiting >= 2.0).then_some(())
+        },
+        Duration::from_secs(60),
+    )
+    .await;
     fleet.worker_processes[victim].0.kill().expect("SIGKILL"); // Child::kill is SIGKILL
     let _ = fleet.worker_processes[victim].0.wait();
 

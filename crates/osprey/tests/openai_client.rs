@@ -2,7 +2,8 @@
 //! model and serves it; the official `openai` Python client then exercises the API.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+
+use crate::support::{STARTUP, ServerSlot};
 
 struct Server(Child);
 
@@ -14,28 +15,27 @@ impl Drop for Server {
 }
 
 fn wait_ready(port: u16, server: &mut Server) {
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = server.0.try_wait() {
-            panic!("osprey serve exited early with {status}");
-        }
-        let ready = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok_and(|mut s| {
-            use std::io::{Read, Write};
-            let _ = s.write_all(b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-            let mut buf = String::new();
-            let _ = s.read_to_string(&mut buf);
-            buf.starts_with("HTTP/1.1 200")
-        });
-        if ready {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("osprey serve was not ready within 180 s");
+    osprey_testkit::eventually_blocking(
+        || {
+            if let Ok(Some(status)) = server.0.try_wait() {
+                panic!("osprey serve exited early with {status}");
+            }
+            let ready = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok_and(|mut s| {
+                use std::io::{Read, Write};
+                let _ = s.write_all(b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                let mut buf = String::new();
+                let _ = s.read_to_string(&mut buf);
+                buf.starts_with("HTTP/1.1 200")
+            });
+            ready.then_some(())
+        },
+        STARTUP,
+    );
 }
 
 #[test]
 fn the_openai_python_client_works_against_osprey_serve() {
+    let _slot = ServerSlot::take();
     let python = osprey_testkit::openai_python();
     osprey_testkit::default_model(); // fetched once, shared with the other tests
     let port = osprey_testkit::free_port();

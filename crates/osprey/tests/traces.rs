@@ -9,13 +9,15 @@
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use osprey_testkit::Process;
+use osprey_testkit::{Process, eventually};
 use prost::Message;
 use serde_json::{Value, json};
+
+use crate::support::{ServerSlot, ready};
 
 /// The name a request's span is exported under: its method and route.
 const ROOT: &str = "POST /v1/chat/completions";
@@ -81,21 +83,9 @@ async fn receiver() -> (u16, Arc<Mutex<Vec<Span>>>) {
     (port, spans)
 }
 
-async fn ready(client: &reqwest::Client, url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while Instant::now() < deadline {
-        if let Ok(r) = client.get(format!("{url}/ready")).send().await
-            && r.status().is_success()
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("{url} was not ready within 180 s");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_request_is_one_trace_across_gateway_and_worker_and_one_log_row() {
+    let _slot = ServerSlot::take_async().await;
     let (otlp, spans) = receiver().await;
     let otlp = format!("http://127.0.0.1:{otlp}");
     let model = osprey_testkit::default_model();
@@ -184,18 +174,18 @@ async fn one_request_is_one_trace_across_gateway_and_worker_and_one_log_row() {
         "engine.queue",
         "engine.decode",
     ];
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let got = loop {
-        let got: Vec<Span> = spans.lock().unwrap().clone();
-        let services: std::collections::BTreeSet<&str> =
-            got.iter().map(|s| s.name.as_str()).collect();
-        let workers_root = got.iter().filter(|s| s.name == ROOT).count() >= 2;
-        if wanted.iter().all(|w| services.contains(w)) && workers_root {
-            break got;
-        }
-        assert!(Instant::now() < deadline, "spans so far: {got:#?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let spans = &spans;
+    let got = eventually(
+        || async move {
+            let got: Vec<Span> = spans.lock().unwrap().clone();
+            let services: std::collections::BTreeSet<&str> =
+                got.iter().map(|s| s.name.as_str()).collect();
+            let workers_root = got.iter().filter(|s| s.name == ROOT).count() >= 2;
+            (wanted.iter().all(|w| services.contains(w)) && workers_root).then_some(got)
+        },
+        Duration::from_secs(60),
+    )
+    .await;
     // Spans are exported in the order they end: the unsampled requests' would be here by now.
     // (The worker samples all its own traces: the GETs of its readiness and of its events.)
     let traces: std::collections::BTreeSet<&str> = (got.iter())
@@ -242,23 +232,23 @@ async fn one_request_is_one_trace_across_gateway_and_worker_and_one_log_row() {
     }
 
     // The request log's rows: the sampled request's names its trace, the others none.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let rows = loop {
-        let list: Value = client
-            .get(format!("{gateway}/admin/requests?limit=5"))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if let Some(rows) = list["data"].as_array().filter(|d| d.len() == 3).cloned() {
-            break rows;
-        }
-        assert!(Instant::now() < deadline, "no row: {list}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let (client, gateway) = (&client, &gateway);
+    let rows = eventually(
+        || async move {
+            let list: Value = client
+                .get(format!("{gateway}/admin/requests?limit=5"))
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            list["data"].as_array().filter(|d| d.len() == 3).cloned()
+        },
+        Duration::from_secs(60),
+    )
+    .await;
     let traced: Vec<&Value> = rows.iter().map(|r| &r["trace_id"]).collect();
     assert_eq!(
         traced,
