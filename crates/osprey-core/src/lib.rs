@@ -2,10 +2,12 @@
 //!
 //! - [`api`]: the OpenAI wire format (requests, responses, stream chunks, the error envelope),
 //!   lenient where OpenAI is (unknown fields are ignored) and precise in its error messages;
+//!   a request's body parsed once ([`api::JsonBody`]); the text of a message or a choice;
 //! - [`sampling`]: [`SamplingParams`], the validated form of a request's decoding options;
 //! - [`grammar`]: [`Grammar`], the structure an output must follow (JSON schema, regex, Lark);
 //! - [`error`]: [`Error`], the error contract: every failure is a kind plus a message a person
-//!   understands; only the gateway turns a kind into an HTTP status.
+//!   understands; only the gateway turns a kind into an HTTP status;
+//! - [`tokens`]: the token estimate used where no tokenizer is at hand.
 //!
 //! ```
 //! use osprey_core::api::ChatCompletionRequest;
@@ -22,6 +24,7 @@ pub mod error;
 pub mod grammar;
 pub mod metrics;
 pub mod sampling;
+pub mod tokens;
 
 pub use error::{Error, ErrorKind};
 pub use grammar::Grammar;

@@ -302,10 +302,7 @@ impl Client {
             }
         };
         let choice = &v["choices"][0];
-        let text = match completions {
-            true => choice["text"].as_str(),
-            false => choice["message"]["content"].as_str(),
-        };
+        let text = osprey_core::api::choice_text(choice);
         let tool_calls = (choice["message"]["tool_calls"]
             .as_array()
             .into_iter()

@@ -4,16 +4,20 @@
 //! [`SamplingParams`](crate::SamplingParams) with `sampling_params()`. Response types serialize
 //! to exactly OpenAI's shapes.
 
+mod body;
 mod chat;
 mod common;
 mod completions;
 mod models;
+mod text;
 mod tools;
 
+pub use body::JsonBody;
 pub use chat::*;
 pub use common::*;
 pub use completions::*;
 pub use models::*;
+pub use text::{choice_text, choice_text_mut, content_text, set_choice_text};
 pub use tools::*;
 
 use crate::error::{Error, Result};
@@ -28,13 +32,22 @@ pub trait ApiRequest: serde::de::DeserializeOwned {
 /// error. (The two parts are read separately rather than with `#[serde(flatten)]`, which would
 /// lose the field paths.)
 pub fn parse_request<T: ApiRequest>(body: &[u8]) -> Result<T> {
-    let value: serde_json::Value = parse_json(body)?;
-    let mut request: T = from_value(&value)?;
-    *request.sampling_mut() = from_value(&value)?;
+    match parse_json(body)? {
+        serde_json::Value::Object(object) => from_object(&object),
+        other => from_value(other),
+    }
+}
+
+/// The typed request of a parsed JSON object, with its sampling fields.
+fn from_object<T: ApiRequest>(object: &serde_json::Map<String, serde_json::Value>) -> Result<T> {
+    let mut request: T = from_value(object)?;
+    *request.sampling_mut() = from_value(object)?;
     Ok(request)
 }
 
-fn from_value<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> Result<T> {
+fn from_value<'de, T: serde::de::DeserializeOwned>(
+    value: impl serde::Deserializer<'de, Error = serde_json::Error>,
+) -> Result<T> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
