@@ -16,9 +16,9 @@ use axum::body::{Body, Bytes};
 use axum::response::Response;
 use futures_util::StreamExt;
 use osprey_core::Grammar;
-use osprey_core::api::{ChatCompletionRequest, CompletionRequest, ToolMode, parse_request};
+use osprey_core::api::{ChatCompletionRequest, CompletionRequest, JsonBody, ToolMode};
 use osprey_engine::{GrammarCompiler, Prompter, TemplateMessage};
-use osprey_gateway::routes::Routed;
+use osprey_gateway::pipeline::Routed;
 use osprey_models::WeightSource;
 
 /// A fuzz target's entry point.
@@ -40,7 +40,10 @@ pub const TARGETS: &[(&str, Target)] = &[
 /// rendered and tokenized, and any grammar it asks for (`response_format`, `osprey.grammar`,
 /// tools) compiled against the model's vocabulary.
 pub fn request_json(data: &[u8]) {
-    if let Ok(req) = parse_request::<ChatCompletionRequest>(data) {
+    let Ok(body) = JsonBody::parse(Bytes::copy_from_slice(data)) else {
+        return;
+    };
+    if let Ok(req) = body.typed::<ChatCompletionRequest>() {
         let _ = req.prompt_tokens(prompter());
         let grammar = req.tool_mode().and_then(|mode| {
             let text = req.output_grammar()?;
@@ -59,7 +62,7 @@ pub fn request_json(data: &[u8]) {
             compile(&g);
         }
     }
-    if let Ok(req) = parse_request::<CompletionRequest>(data) {
+    if let Ok(req) = body.typed::<CompletionRequest>() {
         let _ = req.prompt_tokens(prompter());
         if let Ok(Some(g)) = req.output_grammar() {
             compile(&g);
@@ -87,7 +90,8 @@ pub fn upstream_sse(data: &[u8]) {
             .expect("a valid upstream");
         let usage = Arc::new(osprey_gateway::edge::UsageReport::default());
         let request = Bytes::from_static(br#"{"model": "fuzz", "messages": [], "stream": true}"#);
-        let Ok(response) = upstream.forward("chat/completions", request, usage).await else {
+        let request = JsonBody::parse(request).expect("a JSON object");
+        let Ok(response) = upstream.forward("chat/completions", &request, usage).await else {
             return;
         };
         let tapped = osprey_gateway::sse_tap::tap(response, |event| Box::pin(async { event }));

@@ -33,6 +33,7 @@ use sha2::{Digest, Sha256};
 
 use crate::replay::{Answers, CACHE, KEPT_FOR};
 use crate::semantic_cache::{SIMILARITY_HEADER, SemanticIndex, Similar};
+use crate::shared_redis::SharedRedis;
 
 /// How long Redis may take to answer before the lookup counts as a miss.
 const REDIS_TIMEOUT: Duration = Duration::from_millis(100);
@@ -45,8 +46,7 @@ pub struct ResponseCache {
     owned: Mutex<HashMap<(String, String), Vec<Key>>>,
     /// Answers by meaning, for tenants that turn it on.
     semantic: SemanticIndex,
-    redis: Option<redis::Client>,
-    conn: tokio::sync::Mutex<Option<redis::aio::ConnectionManager>>,
+    redis: Option<SharedRedis>,
 }
 
 /// A cacheable request's key.
@@ -63,18 +63,18 @@ pub struct Slot {
     pub similar: Option<Similar>,
 }
 
-/// The key of `body` for `path` in `scope`, if the request is deterministic.
-pub fn key(scope: &str, path: &str, body: &[u8]) -> Option<Key> {
-    let mut v: Value = serde_json::from_slice(body).ok()?;
+/// The key of the request `v` for `path` in `scope`, if the request is deterministic.
+pub fn key(scope: &str, path: &str, v: &Value) -> Option<Key> {
     let deterministic = v["temperature"].as_f64() == Some(0.0) || v["seed"].is_number();
     let skipped = v["osprey"]["cache"] == Value::Bool(false);
     if !deterministic || skipped || v["n"].as_u64().is_some_and(|n| n > 1) {
         return None;
     }
-    let object = v.as_object_mut()?;
-    for field in ["stream", "stream_options", "user"] {
-        object.remove(field);
-    }
+    // What does not change the answer: how it is delivered, who asks, how urgently.
+    let mut object: Map<String, Value> = (v.as_object()?.iter())
+        .filter(|(k, _)| !matches!(k.as_str(), "stream" | "stream_options" | "user"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     if let Some(osprey) = object.get_mut("osprey").and_then(Value::as_object_mut) {
         osprey.remove("priority");
     }
@@ -82,7 +82,7 @@ pub fn key(scope: &str, path: &str, body: &[u8]) -> Option<Key> {
         scope,
         path,
         "cache",
-        canonical(&v).as_bytes(),
+        canonical(&Value::Object(object)).as_bytes(),
     ))
 }
 
@@ -114,35 +114,32 @@ impl ResponseCache {
             owned: Mutex::default(),
             semantic: SemanticIndex::default(),
             redis: None,
-            conn: tokio::sync::Mutex::new(None),
         }
     }
 
-    /// In Redis at `url`, shared by replicas.
-    pub fn redis(url: &str) -> redis::RedisResult<Self> {
-        Ok(Self {
-            redis: Some(redis::Client::open(url)?),
+    /// In `redis`, shared by replicas.
+    pub fn redis(redis: SharedRedis) -> Self {
+        Self {
+            redis: Some(redis),
             ..Self::memory()
-        })
+        }
     }
 
     async fn connection(&self) -> Option<redis::aio::ConnectionManager> {
-        let client = self.redis.as_ref()?;
-        let mut conn = self.conn.lock().await;
-        if conn.is_none() {
-            let config = redis::aio::ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(REDIS_TIMEOUT))
-                .set_response_timeout(Some(REDIS_TIMEOUT))
-                .set_number_of_retries(0);
-            match redis::aio::ConnectionManager::new_with_config(client.clone(), config).await {
-                Ok(c) => *conn = Some(c),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the response cache's Redis is unreachable");
-                    return None;
-                }
+        match self.redis.as_ref()?.connection().await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "the response cache's Redis is unreachable");
+                None
             }
         }
-        conn.clone()
+    }
+
+    /// Drops the shared connection after a failure.
+    async fn forget_connection(&self) {
+        if let Some(redis) = &self.redis {
+            redis.reset().await;
+        }
     }
 
     fn redis_key(key: &Key) -> String {
@@ -171,7 +168,7 @@ impl ResponseCache {
                     Ok(Ok(bytes)) => bytes.and_then(|b| serde_json::from_slice(&b).ok()),
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, "response cache lookup failed");
-                        *self.conn.lock().await = None;
+                        self.forget_connection().await;
                         None
                     }
                     Err(_) => None,
@@ -361,11 +358,9 @@ impl Assembled {
                 .choices
                 .entry(c["index"].as_u64().unwrap_or(0))
                 .or_default();
-            let text = match self.chat {
-                true => c["delta"]["content"].as_str(),
-                false => c["text"].as_str(),
-            };
-            entry.0.push_str(text.unwrap_or_default());
+            entry
+                .0
+                .push_str(osprey_core::api::choice_text(c).unwrap_or_default());
             if !c["finish_reason"].is_null() {
                 entry.1 = c["finish_reason"].clone();
             }
@@ -453,7 +448,7 @@ mod tests {
 
     #[test]
     fn only_deterministic_requests_have_a_key_and_it_ignores_delivery() {
-        let k = |v: Value| key("t", "chat", v.to_string().as_bytes());
+        let k = |v: Value| key("t", "chat", &v);
         let base = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0});
         assert!(
             k(json!({"model": "m", "messages": []})).is_none(),
@@ -471,10 +466,7 @@ mod tests {
         let mut other = base.clone();
         other["max_tokens"] = 5.into();
         assert_ne!(k(base.clone()), k(other));
-        assert_ne!(
-            key("t", "chat", base.to_string().as_bytes()),
-            key("u", "chat", base.to_string().as_bytes())
-        );
+        assert_ne!(key("t", "chat", &base), key("u", "chat", &base));
     }
 
     #[test]

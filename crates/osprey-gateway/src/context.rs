@@ -16,11 +16,11 @@
 //! `x-osprey-memory` and kept in the request log. The options are taken out of the body, so
 //! a worker or upstream behind this gateway gets plain messages.
 
-use axum::body::Bytes;
 use axum::http::HeaderValue;
 use axum::response::Response;
 use osprey_context::builder::{Budgets, Fact, Injected, Layers, PromptBuilder};
 use osprey_context::prompt::Message;
+use osprey_core::api::JsonBody;
 use osprey_core::{Error, ErrorKind};
 use osprey_store::{Owner, Store, StoreError};
 use serde_json::{Map, Value, json};
@@ -28,8 +28,9 @@ use serde_json::{Map, Value, json};
 use crate::conversation::Turn;
 use crate::edge::Caller;
 use crate::error::store_error;
-use crate::routes::conversations::message_text;
+use crate::request_log::Noted;
 use crate::state::AppState;
+use osprey_core::api::content_text;
 
 /// The response header saying what memory went into the prompt.
 pub const MEMORY_HEADER: &str = "x-osprey-memory";
@@ -54,10 +55,8 @@ struct Asked {
     extract: bool,
 }
 
-/// A request with its context put in.
-pub struct Prepared {
-    /// The body as it goes to the model.
-    pub body: Bytes,
+/// What went into a request's context, and what its answer leaves there.
+pub struct Context {
     /// The conversation's turn, to keep once answered.
     pub turn: Option<Turn>,
     /// Whose context it is.
@@ -68,7 +67,20 @@ pub struct Prepared {
     pub injected: Injected,
 }
 
-impl Prepared {
+impl Context {
+    /// Turn keep: the answer `response` kept as the conversation's turn as it passes, `response`
+    /// marked with what went in, and that noted for the request log.
+    pub async fn keep(&mut self, mut response: Response, noted: &mut Noted) -> Response {
+        if let Some(turn) = self.turn.take() {
+            response = turn.keep(response).await;
+        }
+        self.mark(&mut response);
+        noted.conversation = self.conversation.clone();
+        noted.user = Some(self.owner.user.clone());
+        noted.injected = std::mem::take(&mut self.injected);
+        response
+    }
+
     /// Whether the prompt holds anything of its user's (so its answer is theirs alone).
     pub fn is_personal(&self) -> bool {
         self.conversation.is_some() || self.injected != Injected::default()
@@ -99,24 +111,22 @@ impl Prepared {
 }
 
 /// Whether a chat body (of a tenant with `flags`) needs its context prepared.
-pub fn wanted(body: &[u8], flags: &Map<String, Value>) -> bool {
+pub fn wanted(body: &JsonBody, flags: &Map<String, Value>) -> bool {
     let on = |flag: &str| flags.get(flag).and_then(Value::as_bool) == Some(true);
     on("memory")
         || on("memory.extract")
-        || serde_json::from_slice::<Value>(body).is_ok_and(|v| {
-            (v["osprey"].as_object()).is_some_and(|o| OPTIONS.iter().any(|k| o.contains_key(*k)))
-        })
+        || (body.get("osprey").as_object())
+            .is_some_and(|o| OPTIONS.iter().any(|k| o.contains_key(*k)))
 }
 
-/// The body with its context put in.
+/// Puts the body's context in: what went in.
 pub async fn prepare(
     state: &AppState,
     caller: &Caller,
     flags: &Map<String, Value>,
-    body: &Bytes,
-) -> Result<Prepared, Error> {
-    let mut v: Value = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid("body", format!("Invalid request body: {e}")))?;
+    body: &mut JsonBody,
+) -> Result<Context, Error> {
+    let v = body.edit();
     let asked = asked(&v["osprey"], flags)?;
     let owner = caller.owner(v["user"].as_str());
     if let Some(osprey) = v["osprey"].as_object_mut() {
@@ -124,8 +134,7 @@ pub async fn prepare(
             osprey.remove(option);
         }
     }
-    let unchanged = |v: &Value, owner: Owner| Prepared {
-        body: serde_json::to_vec(v).expect("JSON serialises").into(),
+    let unchanged = |owner: Owner| Context {
         turn: None,
         owner,
         conversation: None,
@@ -138,7 +147,7 @@ pub async fn prepare(
                 "This server has no store for conversations and memory.",
             ));
         }
-        return Ok(unchanged(&v, owner));
+        return Ok(unchanged(owner));
     };
     let Some(messages) = v["messages"].as_array() else {
         return Err(Error::invalid("messages", "messages must be a list"));
@@ -150,7 +159,7 @@ pub async fn prepare(
     let own: Vec<Message> = (messages[lead..].iter())
         .map(|m| Message {
             role: m["role"].as_str().unwrap_or("user").to_owned(),
-            content: message_text(&m["content"]).unwrap_or_default(),
+            content: content_text(&m["content"]).unwrap_or_default(),
         })
         .collect();
     let mut layers = Layers::default();
@@ -203,11 +212,11 @@ pub async fn prepare(
         matches!(m.0["role"].as_str(), Some("system" | "developer"))
     });
     v["messages"] = Value::Array(spliced.into_iter().map(|p| p.0).collect());
-    Ok(Prepared {
+    Ok(Context {
         turn,
         conversation: asked.conversation,
         injected,
-        ..unchanged(&v, owner)
+        ..unchanged(owner)
     })
 }
 
@@ -225,7 +234,7 @@ impl From<Message> for Part {
 pub fn count_tokens(state: &AppState, text: &str) -> usize {
     match state.engine() {
         Some(engine) => engine.prompter().tokenizer().encode(text, false).len(),
-        None => text.chars().count().div_ceil(4),
+        None => osprey_core::tokens::estimate(text),
     }
 }
 

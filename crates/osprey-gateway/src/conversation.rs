@@ -219,7 +219,7 @@ impl Turn {
             if let Ok(v) = serde_json::from_str::<Value>(&data) {
                 for choice in v["choices"].as_array().into_iter().flatten() {
                     if choice["index"].as_u64().unwrap_or(0) == 0
-                        && let Some(t) = choice["delta"]["content"].as_str()
+                        && let Some(t) = osprey_core::api::choice_text(choice)
                     {
                         text.push_str(t);
                     }

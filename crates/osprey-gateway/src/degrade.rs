@@ -10,7 +10,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use axum::body::Bytes;
 use osprey_core::{Error, ErrorKind};
 use osprey_router::degrade::{Ladder, LadderConfig};
 
@@ -94,15 +93,6 @@ impl Degradation {
     /// The current level (0: not degraded).
     pub fn level(&self) -> u8 {
         self.level.load(Ordering::Relaxed)
-    }
-}
-
-/// Whether `body` (or, when it says nothing, its tenant's default) asks for batch priority.
-pub fn is_batch(body: &Bytes, tenant_default: osprey_core::Priority) -> bool {
-    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    match v["osprey"]["priority"].as_str() {
-        Some(p) => p == "batch",
-        None => tenant_default == osprey_core::Priority::Batch,
     }
 }
 

@@ -1,7 +1,8 @@
 //! The edge: every generation request passes [`guard`] before a handler sees it.
 //!
-//! In order: authenticate the key and find its tenant; read the body's model, `max_tokens`
-//! and priority; check the tenant may use the model and clamp `max_tokens` to its cap; take a
+//! In order: authenticate the key and find its tenant; parse the body, once (the
+//! [`JsonBody`] is handed on to the handler), and read its model, `max_tokens` and priority;
+//! check the tenant may use the model and clamp `max_tokens` to its cap; take a
 //! place in the tenant's concurrency and in global admission control (batch work is shed
 //! first); charge the rate limits (requests, and prompt + `max_tokens` tokens, per key and per
 //! tenant). The response carries OpenAI's `x-ratelimit-*` headers; when its body ends, the
@@ -17,9 +18,11 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
+use osprey_core::api::JsonBody;
 use osprey_core::metrics as names;
 use osprey_core::{Error, ErrorKind, Priority};
 use osprey_store::KeyRecord;
+use serde::Deserialize;
 
 use tracing::Instrument;
 
@@ -248,21 +251,6 @@ impl Edge {
     }
 }
 
-/// What the edge reads of a generation request's body; everything else is the handler's.
-#[derive(serde::Deserialize, Default)]
-struct BodyView {
-    model: Option<serde_json::Value>,
-    max_tokens: Option<serde_json::Value>,
-    max_completion_tokens: Option<serde_json::Value>,
-    n: Option<serde_json::Value>,
-    osprey: Option<OspreyView>,
-}
-
-#[derive(serde::Deserialize, Default)]
-struct OspreyView {
-    priority: Option<Priority>,
-}
-
 /// Authentication only, for `/v1` routes that generate nothing (`GET /v1/models`).
 pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     match state.edge().caller(req.headers()).await {
@@ -304,28 +292,24 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
         .map_err(|e| (e, None))?;
     let (mut parts, body) = req.into_parts();
     let limit = layer.max_body_bytes;
-    let mut bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
         let e = Error::new(
             ErrorKind::PayloadTooLarge,
             "The request body is larger than this server accepts.",
         );
         (e, None)
     })?;
-    // A body that is not JSON is the handler's to reject, precisely; the edge charges it as
-    // one request.
-    let view: BodyView = serde_json::from_slice(&bytes).unwrap_or_default();
+    // The body is parsed here, once, and handed on ([`JsonBody`]); one that is not a JSON
+    // object is the handler's to reject, precisely, and the edge charges it as one request.
+    let mut body = JsonBody::parse(bytes.clone()).ok();
     let tenant = &caller.tenant;
-    let mut model = view
-        .model
-        .as_ref()
-        .and_then(|m| m.as_str())
-        .unwrap_or("")
-        .to_owned();
+    let mut model = body.as_ref().map_or("", |b| b.model()).to_owned();
     if model.is_empty()
         && let Some(default) = &tenant.default_model
-        && let Ok(named) = crate::body::set_model(&bytes, default)
+        && let Some(body) = body.as_mut()
     {
-        (bytes, model) = (named, default.clone());
+        body.set_model(default);
+        model = default.clone();
     }
     if let Some(allowed) = &tenant.models
         && !model.is_empty()
@@ -339,13 +323,11 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
         .with_code("model_not_allowed");
         return Err((e, None));
     }
-    let requested = [&view.max_completion_tokens, &view.max_tokens]
-        .into_iter()
-        .find_map(|v| v.as_ref()?.as_u64());
+    let requested = body.as_ref().and_then(JsonBody::max_tokens);
     if let Some(cap) = tenant.max_tokens
-        && let Some(capped) = crate::body::cap_max_tokens(&bytes, cap)
+        && let Some(body) = body.as_mut()
     {
-        bytes = capped;
+        body.cap_max_tokens(cap);
     }
     let max_tokens = match (requested, tenant.max_tokens) {
         (Some(r), Some(cap)) => r.min(cap),
@@ -353,18 +335,15 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
         (None, Some(cap)) => cap,
         (None, None) => DEFAULT_COMPLETION_ESTIMATE,
     };
-    let n = view
-        .n
-        .as_ref()
-        .and_then(|n| n.as_u64())
+    let n = (body.as_ref())
+        .and_then(|b| b.get("n").as_u64())
         .unwrap_or(1)
         .clamp(1, 128);
-    // Charged now, corrected at the end: roughly four bytes of JSON per prompt token.
-    let prompt_estimate = bytes.len() as u64 / 4;
+    // Charged now, corrected at the end.
+    let prompt_estimate = osprey_core::tokens::estimate_body(bytes.len());
     let charged = prompt_estimate + max_tokens * n;
-    let priority = view
-        .osprey
-        .and_then(|o| o.priority)
+    let priority = (body.as_ref())
+        .and_then(|b| Priority::deserialize(b.osprey("priority")).ok())
         .unwrap_or(tenant.priority);
 
     let place = edge
@@ -408,6 +387,15 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
         model: (!model.is_empty()).then_some(model),
         usage: usage.clone(),
     });
+    // Handlers that read bytes (`/v1/responses`) see the tenant's edits too.
+    let bytes = match body {
+        Some(body) => {
+            let edited = body.bytes();
+            parts.extensions.insert(body);
+            edited
+        }
+        None => bytes,
+    };
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
     let ticket = Ticket {
         limiter: edge.limiter.clone(),

@@ -4,7 +4,9 @@
 //! - [`edge`]: what every `/v1` request passes first: [`auth`] (API keys), tenants
 //!   ([`config`]), [`admission`] control, and [`limits`] (GCRA rate limits, in memory or shared
 //!   through Redis), with OpenAI's `x-ratelimit-*` headers on the way out;
-//! - [`body`]: the edits made to a request body on its way (its model, a `max_tokens` cap);
+//! - [`shared_redis`]: the one connection to `--redis` the limits and the response cache share;
+//! - [`pipeline`]: the stages of a generation request, in order, over its body parsed once
+//!   ([`osprey_core::api::JsonBody`]); [`local`] is the engine of this process as its backend;
 //! - [`upstream`]: models served by another OpenAI-compatible server, streamed through;
 //! - [`workers`]: a model served by a pool of `osprey worker`s, each request sent where its
 //!   prompt is cached (the workers' side of that protocol is [`routes::worker_router`]);
@@ -17,6 +19,7 @@
 //! - [`state::AppState`]: the served models (the local engine, set once loading finishes, so
 //!   the server answers `/health` while the model loads; upstreams) and the edge;
 //! - [`degrade`]: the degradation ladder, driven by the load at the edge;
+//! - [`auto`]: `"model": "auto"`, the tier the router picks for a request;
 //! - [`replay`]: idempotent requests answered once, and the recent answers the ladder and
 //!   fallback chains serve when generating is not an option;
 //! - [`context`]: a chat request's user context put in by the prompt builder: facts, a
@@ -48,7 +51,7 @@
 pub mod admission;
 pub mod agent;
 pub mod auth;
-pub mod body;
+pub mod auto;
 pub mod cache;
 pub mod config;
 pub mod context;
@@ -57,11 +60,12 @@ pub mod degrade;
 pub mod edge;
 pub mod error;
 pub mod flags;
-pub mod generation;
 pub mod ingest;
 pub mod limits;
+pub mod local;
 pub mod metrics;
 pub mod openapi;
+pub mod pipeline;
 pub mod prompts;
 pub mod rag;
 pub mod record;
@@ -70,6 +74,8 @@ pub mod request_log;
 pub mod routes;
 pub mod safety;
 pub mod semantic_cache;
+pub mod shared_redis;
+pub mod sse;
 pub mod sse_tap;
 pub mod state;
 pub mod summarize;

@@ -8,10 +8,10 @@
 //! `x-osprey-prompt: NAME@VERSION`, and the choice is logged (`prompt applied`) with the tenant
 //! and the user.
 
-use axum::body::Bytes;
 use axum::http::HeaderValue;
 use axum::response::Response;
 use osprey_context::prompt::{PromptDef, pick};
+use osprey_core::api::JsonBody;
 use osprey_core::{Error, ErrorKind};
 use osprey_store::{Store, StoreError};
 use serde_json::{Map, Value, json};
@@ -44,25 +44,24 @@ impl Applied {
 }
 
 /// Whether a chat body names a prompt.
-pub fn named(body: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(body).is_ok_and(|v| !v["osprey"]["prompt"].is_null())
+pub fn named(body: &JsonBody) -> bool {
+    !body.osprey("prompt").is_null()
 }
 
-/// The body with the prompt it names applied, and which version that was.
+/// Applies the prompt the body names to it; which version that was.
 pub async fn apply(
     state: &AppState,
     caller: &Caller,
     flags: &Map<String, Value>,
-    body: &Bytes,
-) -> Result<(Bytes, Applied), Error> {
+    body: &mut JsonBody,
+) -> Result<Applied, Error> {
     let store = state.audit_store().ok_or_else(|| {
         Error::new(
             ErrorKind::Unavailable,
             "This server has no store for prompts.",
         )
     })?;
-    let mut v: Value = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid("body", format!("Invalid request body: {e}")))?;
+    let v = body.edit();
     let mut asked = v["osprey"]["prompt"].take();
     // Neither label nor version: the tenant's flag may name the label.
     if asked["label"].is_null()
@@ -133,10 +132,7 @@ pub async fn apply(
         name: name.to_owned(),
         version,
     };
-    Ok((
-        serde_json::to_vec(&v).expect("JSON serialises").into(),
-        applied,
-    ))
+    Ok(applied)
 }
 
 /// The version `asked` names: its `version`, the pick of its `label`, or the newest.

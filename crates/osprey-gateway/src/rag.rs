@@ -17,6 +17,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::http::HeaderValue;
 use axum::response::Response;
+use osprey_core::api::JsonBody;
 use osprey_core::{Error, ErrorKind};
 use osprey_policy::pipeline::Pipeline;
 use osprey_policy::{Action, Source};
@@ -25,8 +26,8 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use crate::edge::Caller;
-use crate::routes::conversations::message_text;
 use crate::state::AppState;
+use osprey_core::api::{choice_text, content_text};
 
 /// The response header saying what retrieval put in the prompt.
 pub const RAG_HEADER: &str = "x-osprey-rag";
@@ -103,8 +104,8 @@ pub fn rag_error(e: RagError) -> Error {
 }
 
 /// Whether a chat body asks for retrieval.
-pub fn wanted(body: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(body).is_ok_and(|v| !v["osprey"]["rag"].is_null())
+pub fn wanted(body: &JsonBody) -> bool {
+    !body.osprey("rag").is_null()
 }
 
 /// What retrieval put in a prompt.
@@ -114,16 +115,15 @@ pub struct Retrieved {
     dropped: usize,
 }
 
-/// The body with passages from its `rag` collection put in (the `rag` option taken out), and
-/// what they were. `pipeline` screens them as untrusted text.
+/// Puts passages from the body's `rag` collection in (and takes the `rag` option out): what
+/// they were. `pipeline` screens them as untrusted text.
 pub async fn augment(
     state: &AppState,
     caller: &Caller,
     pipeline: Option<&Pipeline>,
-    body: &Bytes,
-) -> Result<(Bytes, Retrieved), Error> {
-    let mut v: Value = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid("body", format!("Invalid request body: {e}")))?;
+    body: &mut JsonBody,
+) -> Result<Retrieved, Error> {
+    let v = body.edit();
     let rag = v["osprey"]
         .as_object_mut()
         .and_then(|o| o.remove("rag"))
@@ -154,7 +154,7 @@ pub async fn augment(
     };
     let question = (v["messages"].as_array())
         .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
-        .and_then(|m| message_text(&m["content"]))
+        .and_then(|m| content_text(&m["content"]))
         .filter(|q| !q.trim().is_empty())
         .ok_or_else(|| {
             Error::invalid("messages", "retrieval needs a user message to search for")
@@ -226,8 +226,7 @@ pub async fn augment(
             messages.insert(lead, json!({"role": "system", "content": content}));
         }
     }
-    let body = serde_json::to_vec(&v).expect("JSON serialises");
-    Ok((body.into(), retrieved))
+    Ok(retrieved)
 }
 
 impl Retrieved {
@@ -281,7 +280,7 @@ impl Retrieved {
                     return Box::pin(async move { format!("{chunk}\n\ndata: [DONE]") });
                 }
                 if let Ok(v) = serde_json::from_str::<Value>(&data) {
-                    if let Some(text) = v["choices"][0]["delta"]["content"].as_str() {
+                    if let Some(text) = choice_text(&v["choices"][0]) {
                         answer.push_str(text);
                     }
                     last = v;

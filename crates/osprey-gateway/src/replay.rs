@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use osprey_core::api::JsonBody;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
@@ -53,21 +54,17 @@ pub fn key(scope: &str, path: &str, id: &str, body: &[u8]) -> Key {
 }
 
 /// The key making a request idempotent, if it names itself and is not streamed.
-pub fn idempotency_key(headers: &HeaderMap, scope: &str, path: &str, body: &[u8]) -> Option<Key> {
+pub fn idempotency_key(
+    headers: &HeaderMap,
+    scope: &str,
+    path: &str,
+    body: &JsonBody,
+) -> Option<Key> {
     let id = [IDEMPOTENCY_KEY, crate::upstream::REQUEST_ID]
         .iter()
         .find_map(|h| headers.get(*h)?.to_str().ok())
         .filter(|id| !id.is_empty())?;
-    (!is_streamed(body)).then(|| key(scope, path, id, body))
-}
-
-/// Whether `body` asks for a stream.
-pub fn is_streamed(body: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct View {
-        stream: Option<bool>,
-    }
-    serde_json::from_slice::<View>(body).is_ok_and(|v| v.stream == Some(true))
+    (!body.streamed()).then(|| key(scope, path, id, &body.bytes()))
 }
 
 /// A response held in memory.
@@ -407,7 +404,9 @@ mod tests {
             h.insert(IDEMPOTENCY_KEY, HeaderValue::from_str(id).unwrap());
             h
         };
-        let body = br#"{"model":"m","prompt":"hi"}"#;
+        let parse =
+            |json: &'static str| JsonBody::parse(Bytes::from_static(json.as_bytes())).unwrap();
+        let body = &parse(r#"{"model":"m","prompt":"hi"}"#);
         let k = idempotency_key(&named("x"), "tenant:a", "completions", body).unwrap();
         assert_ne!(
             Some(k),
@@ -419,15 +418,15 @@ mod tests {
         );
         assert_ne!(
             Some(k),
-            idempotency_key(&named("x"), "tenant:a", "completions", b"{}")
+            idempotency_key(&named("x"), "tenant:a", "completions", &parse("{}"))
         );
         assert_eq!(
             idempotency_key(&HeaderMap::new(), "tenant:a", "completions", body),
             None
         );
-        let streamed = br#"{"model":"m","prompt":"hi","stream":true}"#;
+        let streamed = parse(r#"{"model":"m","prompt":"hi","stream":true}"#);
         assert_eq!(
-            idempotency_key(&named("x"), "tenant:a", "completions", streamed),
+            idempotency_key(&named("x"), "tenant:a", "completions", &streamed),
             None
         );
     }

@@ -178,7 +178,7 @@ pub fn entry(
         }
     }
     let (tier, route_reason) = (
-        header(crate::routes::auto::TIER),
+        header(crate::auto::TIER),
         header(crate::upstream::ROUTE_REASON),
     );
     let noted = response
@@ -309,11 +309,7 @@ fn keep_text(
 ) -> Response {
     use futures_util::FutureExt;
     fn text_of(v: &serde_json::Value) -> Option<String> {
-        let choice = &v["choices"][0];
-        (choice["delta"]["content"].as_str())
-            .or(choice["message"]["content"].as_str())
-            .or(choice["text"].as_str())
-            .map(str::to_owned)
+        osprey_core::api::choice_text(&v["choices"][0]).map(str::to_owned)
     }
     fn error_of(v: &serde_json::Value) -> Option<String> {
         v["error"]["message"].as_str().map(str::to_owned)
@@ -352,17 +348,19 @@ pub fn redact(text: &str) -> String {
 
 /// Whether a request of a tenant keeping `rate` of its requests' text is kept; if so, its
 /// prompt's text (the messages' or the prompt's, redacted) goes into `record`.
-pub fn sample_prompt(rate: f64, body: &[u8], record: &crate::record::RequestRecord) {
+pub fn sample_prompt(
+    rate: f64,
+    body: &osprey_core::api::JsonBody,
+    record: &crate::record::RequestRecord,
+) {
     if rate <= 0.0 || rand::random::<f64>() >= rate {
         return;
     }
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return;
-    };
+    let v = body.value();
     let text = match v["messages"].as_array() {
         Some(messages) => (messages.iter())
             .filter_map(|m| {
-                let content = crate::routes::conversations::message_text(&m["content"])?;
+                let content = osprey_core::api::content_text(&m["content"])?;
                 Some(format!("{}: {content}", m["role"].as_str().unwrap_or("?")))
             })
             .collect::<Vec<_>>()

@@ -28,6 +28,7 @@ use axum::body::{Body, Bytes};
 use axum::response::Response;
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
+use osprey_core::api::{JsonBody, choice_text_mut, set_choice_text};
 use osprey_core::{Error, ErrorKind};
 use osprey_policy::pipeline::{Audit, Pipeline, PolicyConfig};
 use osprey_policy::redact::Redactor;
@@ -88,7 +89,7 @@ pub async fn screen(
     state: &crate::state::AppState,
     pipeline: &Arc<Pipeline>,
     auditor: &Auditor,
-    body: &Bytes,
+    body: &mut JsonBody,
 ) -> Result<Screened, Error> {
     let limit = pipeline.config().abuse_limit();
     let key = auditor.key().filter(|_| limit.is_some());
@@ -97,18 +98,22 @@ pub async fn screen(
     {
         return Err(throttled(wait));
     }
-    let screened = match body.len() > SCREEN_INLINE_BYTES {
+    let screened = match body.received_len() > SCREEN_INLINE_BYTES {
         false => screen_input(pipeline, auditor, body),
         true => {
-            let (pipeline, auditor, body) = (pipeline.clone(), auditor.clone(), body.clone());
+            let (pipeline, auditor) = (pipeline.clone(), auditor.clone());
+            let mut owned = std::mem::take(body);
             let handle = tokio::runtime::Handle::current();
-            tokio::task::spawn_blocking(move || {
+            let screened;
+            (*body, screened) = tokio::task::spawn_blocking(move || {
                 // The auditor spawns its store writes on the runtime.
                 let _runtime = handle.enter();
-                screen_input(&pipeline, &auditor, &body)
+                let screened = screen_input(&pipeline, &auditor, &mut owned);
+                (owned, screened)
             })
             .await
-            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?
+            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
+            screened
         }
     };
     let attack = match &screened {
@@ -130,10 +135,8 @@ pub async fn screen(
     screened
 }
 
-/// A request's input after screening.
+/// What screening a request's input (in place) found.
 pub struct Screened {
-    /// The body to go on with: the same, or redacted.
-    pub body: Bytes,
     /// What was redacted, to be put back in the answer (when the policy says so).
     pub restore: Option<Arc<Redactor>>,
     /// Whether an injection or jailbreak was flagged (for abuse counting).
@@ -150,20 +153,9 @@ fn is_attack(verdict: &Verdict) -> bool {
 pub fn screen_input(
     pipeline: &Pipeline,
     auditor: &Auditor,
-    body: &Bytes,
+    body: &mut JsonBody,
 ) -> Result<Screened, Error> {
-    let unchanged = || Screened {
-        body: body.clone(),
-        restore: None,
-        attack: false,
-    };
-    let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
-        return Ok(unchanged());
-    };
-    let logprobs = matches!(
-        v.get("logprobs"),
-        Some(Value::Bool(true) | Value::Number(_))
-    );
+    let logprobs = matches!(body.get("logprobs"), Value::Bool(true) | Value::Number(_));
     if logprobs && pipeline.config().output_rules().is_active() {
         return Err(Error::invalid(
             "logprobs",
@@ -172,6 +164,24 @@ pub fn screen_input(
         ));
     }
     let mut redactor = Redactor::default();
+    let (redacted, attack) = body.change(|v| {
+        let screened = screen_texts(pipeline, auditor, v, &mut redactor);
+        (screened.as_ref().map_or(true, |s| s.0), screened)
+    })?;
+    Ok(Screened {
+        attack,
+        restore: (redacted && pipeline.config().restore_pii).then(|| Arc::new(redactor)),
+    })
+}
+
+/// Screens the texts of the messages (or the prompt) of `v`, redacting them in place with
+/// `redactor`: whether anything was redacted, and whether an attack was flagged.
+fn screen_texts(
+    pipeline: &Pipeline,
+    auditor: &Auditor,
+    v: &mut Value,
+    redactor: &mut Redactor,
+) -> Result<(bool, bool), Error> {
     let (mut redacted, mut attack) = (false, false);
     let mut screen = |text: &mut String, source: Source| -> Result<(), Error> {
         let verdict = pipeline.check(text, source);
@@ -203,17 +213,7 @@ pub fn screen_input(
             screen(text, Source::User)?;
         }
     }
-    if !redacted {
-        return Ok(Screened {
-            attack,
-            ..unchanged()
-        });
-    }
-    Ok(Screened {
-        attack,
-        body: serde_json::to_vec(&v).expect("JSON serialises").into(),
-        restore: pipeline.config().restore_pii.then(|| Arc::new(redactor)),
-    })
+    Ok((redacted, attack))
 }
 
 /// `response` (a successful answer, streamed or not) filtered by `pipeline`'s output rules,
@@ -246,7 +246,7 @@ pub fn filter_output(
         };
         for choice in v["choices"].as_array_mut().into_iter().flatten() {
             let mut filter = new_filter();
-            let Some(text) = choice_text(choice) else {
+            let Some(text) = choice_text_mut(choice) else {
                 continue;
             };
             match filter.filter_all(text) {
@@ -261,41 +261,6 @@ pub fn filter_output(
         Ok(serde_json::to_vec(&v).expect("JSON serialises").into())
     });
     Response::from_parts(parts, Body::from_stream(body))
-}
-
-/// The text of a choice: a chat message's or delta's content, or a completion's text.
-fn choice_text(choice: &mut Value) -> Option<&mut String> {
-    let object = choice.as_object_mut()?;
-    match ["message", "delta"]
-        .into_iter()
-        .find(|k| object.contains_key(*k))
-    {
-        Some(key) => object.get_mut(key)?.get_mut("content").and_then(as_string),
-        None => object.get_mut("text").and_then(as_string),
-    }
-}
-
-/// Sets the text of a choice (see [`choice_text`]), creating the field if need be.
-fn set_choice_text(choice: &mut Value, text: String) {
-    let Some(object) = choice.as_object_mut() else {
-        return;
-    };
-    match ["message", "delta"]
-        .into_iter()
-        .find(|k| object.contains_key(*k))
-    {
-        Some(key) => object[key]["content"] = text.into(),
-        None => {
-            object.insert("text".to_owned(), text.into());
-        }
-    }
-}
-
-fn as_string(v: &mut Value) -> Option<&mut String> {
-    match v {
-        Value::String(s) => Some(s),
-        _ => None,
-    }
 }
 
 /// An SSE answer's events, each choice's text through its own filter; a stopped choice ends
@@ -325,7 +290,9 @@ fn filter_stream(
                 let index = choice["index"].as_u64().unwrap_or(0);
                 let filter = filters.entry(index).or_insert_with(&new_filter);
                 let finishing = !choice["finish_reason"].is_null();
-                let text = choice_text(choice).map(std::mem::take).unwrap_or_default();
+                let text = choice_text_mut(choice)
+                    .map(std::mem::take)
+                    .unwrap_or_default();
                 let mut out = filter.push(&text);
                 if finishing && let Ok(released) = &mut out {
                     match filter.finish() {
@@ -337,7 +304,7 @@ fn filter_stream(
                     Ok(released) => {
                         worth_sending |=
                             finishing || !released.is_empty() || has_more_than_text(choice);
-                        if !released.is_empty() || choice_text(choice).is_some() {
+                        if !released.is_empty() || choice_text_mut(choice).is_some() {
                             set_choice_text(choice, released);
                         }
                     }

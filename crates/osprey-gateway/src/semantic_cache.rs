@@ -124,17 +124,17 @@ pub async fn similar(
     state: &AppState,
     scope: &str,
     path: &str,
-    body: &[u8],
+    body: &Value,
     threshold: f32,
 ) -> Option<Similar> {
-    let mut v: Value = serde_json::from_slice(body).ok()?;
+    let mut v = body.clone();
     let last = v["messages"].as_array_mut()?.last_mut()?;
     if last["role"] != "user" {
         return None;
     }
-    let text = crate::routes::conversations::message_text(&last["content"])?;
+    let text = osprey_core::api::content_text(&last["content"])?;
     last["content"] = Value::String(String::new());
-    let context = crate::cache::key(scope, path, &serde_json::to_vec(&v).ok()?)?;
+    let context = crate::cache::key(scope, path, &v)?;
     let embedder = state.embedder().await?;
     let embedding = tokio::task::spawn_blocking(move || embedder.embed(&text))
         .await

@@ -59,7 +59,7 @@ pub async fn summarize(
         // Small models loop on their own phrases without it.
         "frequency_penalty": 0.5,
     });
-    let text = crate::routes::complete_chat(state, caller, body).await?;
+    let text = crate::pipeline::complete_chat(state, caller, body).await?;
     Ok(text.trim().to_owned())
 }
 

@@ -19,7 +19,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use futures_util::StreamExt;
-use osprey_core::api::Usage;
+use osprey_core::api::{JsonBody, Usage};
 use osprey_core::metrics as names;
 use osprey_core::{Error, ErrorKind};
 use osprey_router::breaker::{BreakerConfig, BreakerState, CircuitBreaker, Outcome};
@@ -133,7 +133,7 @@ impl Upstream {
     pub async fn forward(
         &self,
         path: &str,
-        body: Bytes,
+        body: &JsonBody,
         usage: Arc<UsageReport>,
     ) -> Result<Response, Error> {
         self.forward_with(path, body, usage, HeaderMap::new()).await
@@ -144,7 +144,7 @@ impl Upstream {
     pub async fn forward_with(
         &self,
         path: &str,
-        body: Bytes,
+        body: &JsonBody,
         usage: Arc<UsageReport>,
         mut headers: HeaderMap,
     ) -> Result<Response, Error> {
@@ -154,9 +154,14 @@ impl Upstream {
             .or_insert_with(crate::telemetry::request_id)
             .clone();
         crate::telemetry::inject(&mut headers);
+        // The body is written once here (or sent as it came), whatever the attempts.
         let body = match &self.remote_model {
-            Some(remote) => crate::body::set_model(&body, remote)?,
-            None => body,
+            Some(remote) if remote != body.model() => {
+                let mut renamed = body.clone();
+                renamed.set_model(remote);
+                renamed.bytes()
+            }
+            _ => body.bytes(),
         };
         self.health
             .budget

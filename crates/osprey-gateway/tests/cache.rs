@@ -4,6 +4,7 @@
 
 use osprey_gateway::AppState;
 use osprey_gateway::cache::ResponseCache;
+use osprey_gateway::shared_redis::SharedRedis;
 use serde_json::{Value, json};
 
 use crate::common;
@@ -130,8 +131,8 @@ async fn replicas_share_the_cache_through_redis() {
     let Some(url) = common::redis_url("replicas_share_the_cache_through_redis") else {
         return;
     };
-    let a = gateway(ResponseCache::redis(&url).unwrap()).await;
-    let b = gateway(ResponseCache::redis(&url).unwrap()).await;
+    let a = gateway(ResponseCache::redis(SharedRedis::open(&url).unwrap())).await;
+    let b = gateway(ResponseCache::redis(SharedRedis::open(&url).unwrap())).await;
     // A question no earlier run asked.
     let q = question(
         &format!("Spell the word {}.", common::unique("w")),

@@ -463,3 +463,67 @@ async fn a_stopping_gateway_finishes_the_answer_in_flight_and_logs_it() {
     let ids: Vec<_> = rows.iter().map(|r| (r.id.as_str(), r.status)).collect();
     assert_eq!(ids, [(id.as_str(), 200)]);
 }
+
+/// An upstream that keeps the bytes of every request body it is sent, and answers each.
+async fn recording_upstream() -> (String, Arc<std::sync::Mutex<Vec<axum::body::Bytes>>>) {
+    let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = bodies.clone();
+    let chat = move |body: axum::body::Bytes| async move {
+        kept.lock().unwrap().push(body);
+        axum::Json(json!({
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }))
+    };
+    let app = axum::Router::new().route("/v1/chat/completions", axum::routing::post(chat));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}/v1"), bodies)
+}
+
+#[tokio::test]
+async fn a_body_reaches_the_upstream_as_it_came_unless_the_edge_changed_it() {
+    let (store, store_url) = store().await;
+    let (upstream, bodies) = recording_upstream().await;
+    let shaped = unique("shaped");
+    let config = TenantConfig {
+        default_model: Some("mock".into()),
+        max_tokens: Some(16),
+        ..tenant(1_000, 1_000_000)
+    };
+    let setup = Setup {
+        store_url,
+        upstreams: vec![("mock".into(), upstream)],
+        tenants: BTreeMap::from([(shaped.clone(), config)]),
+        ..Setup::default()
+    };
+    let base = gateway(setup).await;
+    let post = |body: &'static str, key: Option<String>| {
+        let mut req = reqwest::Client::new()
+            .post(format!("{base}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(key) = key {
+            req = req.bearer_auth(key);
+        }
+        req.send()
+    };
+    // Spacing, key order and a field Osprey does not know: all passed on as they came.
+    let raw = "{ \"messages\" : [{\"role\":\"user\", \"content\":\"hi\"}],\n \"model\":\"mock\",\
+               \"vendor_extension\": {\"x\": [1, 2.50]} }";
+    assert_eq!(post(raw, None).await.unwrap().status(), 200);
+    assert_eq!(bodies.lock().unwrap()[0], raw.as_bytes());
+
+    // The tenant's default model and its max_tokens cap: the body is written anew, with both,
+    // and keeps what Osprey does not know.
+    let key = new_key(&store, &shaped).await;
+    let asked = r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 500,
+                    "vendor_extension": {"x": [1, 2.5]}}"#;
+    assert_eq!(post(asked, Some(key)).await.unwrap().status(), 200);
+    let sent: Value = serde_json::from_slice(&bodies.lock().unwrap()[1]).unwrap();
+    assert_eq!(sent["model"], "mock");
+    assert_eq!(sent["max_tokens"], 16);
+    assert_eq!(sent["vendor_extension"], json!({"x": [1, 2.5]}));
+}

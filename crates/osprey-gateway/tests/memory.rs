@@ -11,6 +11,7 @@ use osprey_gateway::cache::ResponseCache;
 use osprey_gateway::config::EdgeConfig;
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::shared_redis::SharedRedis;
 use osprey_store::{Owner, Store};
 use serde_json::{Value, json};
 
@@ -445,7 +446,10 @@ async fn the_request_log_names_the_prompt_version_and_what_went_in() {
 async fn deleting_a_user_forgets_everything_of_theirs_and_their_cached_answers() {
     let mut caches = vec![("memory", ResponseCache::memory())];
     if let Some(url) = common::redis_url("deleting a user (Redis cache)") {
-        caches.push(("redis", ResponseCache::redis(&url).unwrap()));
+        caches.push((
+            "redis",
+            ResponseCache::redis(SharedRedis::open(&url).unwrap()),
+        ));
     }
     for (name, cache) in caches {
         let store = osprey_store::testing::sqlite().await;

@@ -12,6 +12,7 @@ use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{AdmissionConfig, DefaultLimits, EdgeConfig, UpstreamConfig};
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::shared_redis::SharedRedis;
 use osprey_gateway::upstream::Upstream;
 use osprey_gateway::workers::WorkerPool;
 use osprey_gateway::{AppState, HttpConfig};
@@ -127,11 +128,11 @@ pub fn check_default_models(
         };
         let served = local == Some(model.as_str())
             || upstreams.iter().any(|u| &u.name == model)
-            || (model == osprey_gateway::routes::auto::AUTO && !file.tiers.is_empty());
+            || (model == osprey_gateway::auto::AUTO && !file.tiers.is_empty());
         anyhow::ensure!(
             served,
             "tenant `{tenant}`: default_model `{model}` is not served here{}",
-            if model == osprey_gateway::routes::auto::AUTO {
+            if model == osprey_gateway::auto::AUTO {
                 " (auto needs [[tiers]])"
             } else {
                 ""
@@ -305,9 +306,14 @@ async fn serve(
         .with_context(|| format!("opening the store {}", without_password(&store_url)))?;
     let auth = Authenticator::new(store.clone()).await?;
     auth.spawn_refresh_task();
-    let limiter = match &args.redis {
-        Some(url) => RateLimiter::with_redis(url, args.replicas)
-            .with_context(|| format!("--redis {}", without_password(url)))?,
+    // One connection to `--redis` serves the rate limits and the response cache.
+    let redis = (args.redis.as_deref())
+        .map(|url| {
+            SharedRedis::open(url).with_context(|| format!("--redis {}", without_password(url)))
+        })
+        .transpose()?;
+    let limiter = match &redis {
+        Some(redis) => RateLimiter::with_redis(redis.clone(), args.replicas),
         None => RateLimiter::local(),
     };
     let edge = Edge::new(edge_config(&args, &file), auth.clone(), limiter);
@@ -339,12 +345,9 @@ async fn serve(
     .with_store(store)
     .with_agents(file.agent.clone())
     .with_policies(Some(policies))
-    .with_response_cache(match (&args.redis, args.no_response_cache) {
+    .with_response_cache(match (redis, args.no_response_cache) {
         (_, true) => None,
-        (Some(url), false) => Some(
-            osprey_gateway::cache::ResponseCache::redis(url)
-                .with_context(|| format!("--redis {}", without_password(url)))?,
-        ),
+        (Some(redis), false) => Some(osprey_gateway::cache::ResponseCache::redis(redis)),
         (None, false) => Some(osprey_gateway::cache::ResponseCache::memory()),
     })
     .with_ttft_slo(

@@ -42,7 +42,9 @@ pub fn run(args: UsersArgs) -> anyhow::Result<()> {
         let d = store.delete_user(&owner).await?;
         let cached = match redis {
             Some(url) => {
-                let cache = osprey_gateway::cache::ResponseCache::redis(&url)?;
+                let cache = osprey_gateway::cache::ResponseCache::redis(
+                    osprey_gateway::shared_redis::SharedRedis::open(&url)?,
+                );
                 cache.forget(&owner).await?
             }
             None => 0,

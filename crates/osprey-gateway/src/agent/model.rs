@@ -103,7 +103,7 @@ impl Model for ServedModel {
                     .collect();
                 body["tool_choice"] = choice(mode);
             }
-            let answer = crate::routes::chat_answer(&self.state, &self.caller, body)
+            let answer = crate::pipeline::chat_answer(&self.state, &self.caller, body)
                 .await
                 .map_err(|e| e.message)?;
             let message = &answer["choices"][0]["message"];

@@ -317,7 +317,7 @@ async fn drive(
     match events {
         Some(rx) => {
             let events = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
-            Ok((crate::routes::stream_response(events), 0))
+            Ok((crate::sse::stream_response(events), 0))
         }
         None => {
             let (run, sink) = task

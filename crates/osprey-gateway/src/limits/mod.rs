@@ -131,9 +131,9 @@ impl RateLimiter {
         Self::build(None, 1)
     }
 
-    /// Limits shared through Redis at `url` by `replicas` gateways.
-    pub fn with_redis(url: &str, replicas: u64) -> Result<Self, ::redis::RedisError> {
-        Ok(Self::build(Some(RedisLimiter::new(url)?), replicas))
+    /// Limits shared through `redis` by `replicas` gateways.
+    pub fn with_redis(redis: crate::shared_redis::SharedRedis, replicas: u64) -> Self {
+        Self::build(Some(RedisLimiter::new(redis)), replicas)
     }
 
     fn build(redis: Option<RedisLimiter>, replicas: u64) -> Self {

@@ -9,6 +9,7 @@ use redis::aio::ConnectionManager;
 
 use super::gcra::BucketState;
 use super::{Bucket, Decision};
+use crate::shared_redis::SharedRedis;
 
 /// The set of revoked key ids, checked by every replica on every request.
 pub const REVOKED_KEYS: &str = "osprey:revoked-keys";
@@ -83,38 +84,26 @@ return 1
 /// most that long before the caller falls back.
 #[derive(Clone)]
 pub struct RedisLimiter {
-    client: redis::Client,
-    conn: std::sync::Arc<tokio::sync::Mutex<Option<ConnectionManager>>>,
+    redis: SharedRedis,
     check: redis::Script,
     settle: redis::Script,
     timeout: Duration,
 }
 
 impl RedisLimiter {
-    /// A limiter on `url` (connected on first use, so a Redis that is down at start-up only
+    /// A limiter on `redis` (connected on first use, so a Redis that is down at start-up only
     /// means local limits until it comes up).
-    pub fn new(url: &str) -> redis::RedisResult<Self> {
-        Ok(Self {
-            client: redis::Client::open(url)?,
-            conn: Default::default(),
+    pub fn new(redis: SharedRedis) -> Self {
+        Self {
+            redis,
             check: redis::Script::new(CHECK),
             settle: redis::Script::new(SETTLE),
             timeout: Duration::from_millis(250),
-        })
+        }
     }
 
     async fn connection(&self) -> redis::RedisResult<ConnectionManager> {
-        let mut conn = self.conn.lock().await;
-        if let Some(c) = conn.as_ref() {
-            return Ok(c.clone());
-        }
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(1);
-        let c = ConnectionManager::new_with_config(self.client.clone(), config).await?;
-        *conn = Some(c.clone());
-        Ok(c)
+        self.redis.connection().await
     }
 
     /// Runs `f` within the timeout; on any failure the connection is dropped, so the next
@@ -131,7 +120,7 @@ impl RedisLimiter {
             ))),
         };
         if result.is_err() {
-            *self.conn.lock().await = None;
+            self.redis.reset().await;
         }
         result
     }
@@ -262,7 +251,7 @@ impl RedisLimiter {
 
     /// A subscription of its own (a subscribed connection can send nothing else).
     pub async fn pubsub(&self) -> redis::RedisResult<redis::aio::PubSub> {
-        self.bounded(self.client.get_async_pubsub()).await
+        self.bounded(self.redis.client().get_async_pubsub()).await
     }
 }
 

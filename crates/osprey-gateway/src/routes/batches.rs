@@ -447,7 +447,12 @@ async fn run_line(
 ) -> (bool, String) {
     let mut body = line.body.clone();
     body["osprey"]["priority"] = "batch".into();
-    let body: Bytes = serde_json::to_vec(&body).expect("JSON serialises").into();
+    // Every line's body is an object (checked when the file was read).
+    let object = match body {
+        Value::Object(object) => object,
+        _ => serde_json::Map::new(),
+    };
+    let body = osprey_core::api::JsonBody::from_object(object);
     let model = line.body["model"].as_str().map(str::to_owned);
     let mut pause = Duration::from_millis(250);
     for attempt in 0.. {
@@ -461,7 +466,7 @@ async fn run_line(
             state.clone(),
             admitted,
             &Default::default(),
-            body.clone(),
+            Ok(body.clone()),
         )
         .await;
         let status = response.status();

@@ -385,7 +385,7 @@ pub fn parse_items(items: &[Value], param: &str) -> Result<Vec<NewItem>, Error> 
                     ));
                 }
             };
-            let content = message_text(&item["content"]).ok_or_else(|| {
+            let content = osprey_core::api::content_text(&item["content"]).ok_or_else(|| {
                 Error::invalid(
                     format!("{param}.content"),
                     "content must be a string or a list of text parts",
@@ -397,22 +397,6 @@ pub fn parse_items(items: &[Value], param: &str) -> Result<Vec<NewItem>, Error> 
             })
         })
         .collect()
-}
-
-/// The text of a message's content: a string, or its text parts joined.
-pub fn message_text(content: &Value) -> Option<String> {
-    match content {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(parts) => parts
-            .iter()
-            .map(|p| match p["type"].as_str() {
-                Some("input_text" | "output_text" | "text") => p["text"].as_str(),
-                _ => None,
-            })
-            .collect::<Option<Vec<&str>>>()
-            .map(|texts| texts.concat()),
-        _ => None,
-    }
 }
 
 /// Metadata as stored: a JSON object of at most 16 string values.

@@ -85,8 +85,10 @@ async fn models(state: State<AppState>) -> axum::Json<osprey_core::api::ModelLis
 )]
 async fn playground(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let mut admitted = state.edge().unguarded();
-    admitted.model = (serde_json::from_slice::<serde_json::Value>(&body).ok())
-        .and_then(|v| v["model"].as_str().map(str::to_owned));
+    let body = osprey_core::api::JsonBody::parse(body);
+    admitted.model = (body.as_ref().ok())
+        .map(|b| b.model().to_owned())
+        .filter(|m| !m.is_empty());
     let admitted = axum::Extension(admitted);
     super::generate_for("/v1/chat/completions", state, admitted, &headers, body).await
 }

@@ -31,7 +31,7 @@ fn cards(state: &AppState) -> Vec<ModelCard> {
         max_model_len: None,
     });
     let auto = state.tiers().map(|_| ModelCard {
-        id: super::auto::AUTO.to_owned(),
+        id: crate::auto::AUTO.to_owned(),
         object: "model".into(),
         created: state.created(),
         owned_by: "osprey-router".into(),

@@ -102,7 +102,7 @@ pub async fn create(
         })
         .collect();
     Ok(Json(json!({
-        "id": super::new_id("modr"),
+        "id": crate::sse::new_id("modr"),
         "model": MODEL,
         "results": results,
     })))

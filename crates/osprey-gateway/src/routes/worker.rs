@@ -15,9 +15,10 @@ use axum::routing::{get, post};
 use osprey_core::{Error, ErrorKind, Priority};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{async_stream, generate_for, models, stream_response};
+use super::{generate_for, models};
 use crate::edge::Admitted;
 use crate::error::ApiError;
+use crate::sse::{async_stream, stream_response};
 use crate::state::AppState;
 use crate::workers::protocol::{
     CACHE_SALT, HEARTBEAT, KvBatch, LOAD_INTERVAL, Load, PRIORITY, Snapshot,
@@ -57,6 +58,7 @@ async fn chat_completions(
     body: Bytes,
 ) -> Response {
     let admitted = forwarded(&state, &headers);
+    let body = osprey_core::api::JsonBody::parse(body);
     generate_for("/v1/chat/completions", state, admitted, &headers, body).await
 }
 
@@ -66,6 +68,7 @@ async fn text_completions(
     body: Bytes,
 ) -> Response {
     let admitted = forwarded(&state, &headers);
+    let body = osprey_core::api::JsonBody::parse(body);
     generate_for("/v1/completions", state, admitted, &headers, body).await
 }
 

@@ -28,10 +28,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use futures_util::StreamExt;
+use osprey_core::api::JsonBody;
 use osprey_core::metrics as names;
 use osprey_core::{Error, ErrorKind};
 use osprey_engine::Prompter;
@@ -185,7 +186,7 @@ impl WorkerPool {
     pub async fn forward(
         &self,
         path: &str,
-        body: Bytes,
+        body: &JsonBody,
         prompt: &[u32],
         caller: &Caller,
         usage: Arc<UsageReport>,
@@ -219,7 +220,7 @@ impl WorkerPool {
             let in_flight = InFlight::enter(&worker.in_flight);
             let sent = worker
                 .upstream
-                .forward_with(path, body.clone(), usage.clone(), headers.clone())
+                .forward_with(path, body, usage.clone(), headers.clone())
                 .await;
             let e = match sent {
                 Ok(response) => return Ok(self.served(response, worker, in_flight)),

@@ -17,6 +17,7 @@ use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{AdmissionConfig, EdgeConfig, TenantConfig, UpstreamConfig};
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::shared_redis::SharedRedis;
 use osprey_gateway::upstream::{Upstream, http_client};
 use osprey_gateway::{AppState, HttpConfig};
 use osprey_store::{NewKey, Store};
@@ -125,7 +126,9 @@ pub async fn gateway(setup: Setup) -> String {
     let auth = Authenticator::new(store).await.unwrap();
     auth.spawn_refresh_task();
     let limiter = match &setup.redis {
-        Some(url) => RateLimiter::with_redis(url, setup.replicas.max(1)).unwrap(),
+        Some(url) => {
+            RateLimiter::with_redis(SharedRedis::open(url).unwrap(), setup.replicas.max(1))
+        }
         None => RateLimiter::local(),
     };
     let config = EdgeConfig {

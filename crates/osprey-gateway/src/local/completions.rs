@@ -11,10 +11,11 @@ use osprey_core::api::{
 use osprey_core::{Error, FinishReason};
 use osprey_engine::{Delta, Engine, GenerateRequest, Prompter};
 
-use super::{Routed, async_stream, done_event, json_event, new_id, stream_response};
+use super::generation::{CompletionLogprobsBuilder, Deltas, RequestTimer, merge, start_choices};
 use crate::edge::{Caller, UsageReport};
 use crate::error::ApiError;
-use crate::generation::{CompletionLogprobsBuilder, Deltas, RequestTimer, merge, start_choices};
+use crate::pipeline::Routed;
+use crate::sse::{FINGERPRINT, async_stream, done_event, json_event, new_id, stream_response};
 use crate::state::{AppState, unix_now};
 
 /// One prompt of the request, tokenized.
@@ -26,6 +27,15 @@ struct PromptInfo {
 impl Routed for CompletionRequest {
     fn model(&self) -> &str {
         &self.model
+    }
+
+    async fn serve_locally(
+        self,
+        state: AppState,
+        caller: Caller,
+        usage: Arc<UsageReport>,
+    ) -> Result<Response, ApiError> {
+        completions(state, self, caller, usage).await
     }
 
     fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, Error> {
@@ -202,7 +212,7 @@ impl CompletionContext {
             model: self.model,
             choices,
             usage: Some(Some(Usage::new(self.prompt_tokens, completion_tokens))),
-            system_fingerprint: Some(super::FINGERPRINT.into()),
+            system_fingerprint: Some(FINGERPRINT.into()),
         })
     }
 
@@ -214,7 +224,7 @@ impl CompletionContext {
             model: self.model.clone(),
             choices,
             usage,
-            system_fingerprint: Some(super::FINGERPRINT.into()),
+            system_fingerprint: Some(FINGERPRINT.into()),
         }
     }
 

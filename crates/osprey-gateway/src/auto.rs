@@ -9,14 +9,15 @@
 //! the request asked again of the next tier up ([`AnswerCheck`]). The logprobs are removed
 //! again unless the client asked for them.
 
-use axum::body::Bytes;
+use axum::http::{HeaderMap, HeaderValue};
 use osprey_core::Error;
+use osprey_core::api::JsonBody;
 use osprey_router::classifier::TaskClassifier;
 use osprey_router::tiers::{Asks, Tiers};
 use serde_json::Value;
 
-use crate::body::set_model;
 use crate::edge::Caller;
+use crate::upstream::ROUTE_REASON;
 
 /// The model name that asks the router to choose.
 pub const AUTO: &str = "auto";
@@ -25,8 +26,6 @@ pub const TIER: &str = "x-osprey-tier";
 
 /// Where an `auto` request goes.
 pub struct AutoRoute {
-    /// The body, naming the tier's model.
-    pub body: Bytes,
     /// The tier's model.
     pub model: String,
     /// The tier's name.
@@ -41,8 +40,6 @@ pub struct AutoRoute {
 pub struct AnswerCheck {
     /// The mean token logprob an answer must reach.
     pub floor: f64,
-    /// The body, naming the model of the tier above.
-    pub body: Bytes,
     /// The model of the tier above.
     pub model: String,
     /// The name of the tier above.
@@ -56,15 +53,14 @@ pub fn route(
     tiers: Option<&Tiers>,
     caller: &Caller,
     flags: &serde_json::Map<String, Value>,
-    body: &Bytes,
+    body: &JsonBody,
     level: u8,
 ) -> Result<AutoRoute, Error> {
     let Some(tiers) = tiers else {
         return Err(Error::model_not_found(AUTO));
     };
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid("body", format!("The request body is not valid JSON: {e}")))?;
-    let (task, confidence) = TaskClassifier::shipped().classify(&request_text(&v));
+    let v = body.value();
+    let (task, confidence) = TaskClassifier::shipped().classify(&request_text(v));
     let mut asks = Asks {
         reasoning: matches!(v["reasoning_effort"].as_str(), Some("medium" | "high")),
         premium: v["osprey"]["quality"].as_str() == Some("premium"),
@@ -103,21 +99,16 @@ pub fn route(
     }
     metrics::counter!(osprey_core::metrics::AUTO_ROUTED, "tier" => tier.name.clone(), "task" => task.as_str())
         .increment(1);
-    let checked = level < 3 && !crate::replay::is_streamed(body);
-    let check = match tiers.answer_floor().filter(|_| checked) {
-        Some(floor) => match tiers.above(tier, allowed) {
-            Some(up) => Some(AnswerCheck {
-                floor,
-                body: set_model(body, &up.model)?,
-                model: up.model.clone(),
-                tier: up.name.clone(),
-            }),
-            None => None,
-        },
-        None => None,
-    };
+    let checked = level < 3 && !body.streamed();
+    let check = (tiers.answer_floor().filter(|_| checked)).and_then(|floor| {
+        let up = tiers.above(tier, allowed)?;
+        Some(AnswerCheck {
+            floor,
+            model: up.model.clone(),
+            tier: up.name.clone(),
+        })
+    });
     Ok(AutoRoute {
-        body: set_model(body, &tier.model)?,
         model: tier.model.clone(),
         tier: tier.name.clone(),
         reason,
@@ -125,35 +116,41 @@ pub fn route(
     })
 }
 
-/// `body` asking for the logprobs of the sampled tokens, and whether it asked already.
-pub fn asking_logprobs(body: &Bytes) -> Result<(Bytes, bool), Error> {
-    let mut v: Value = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid("body", format!("The request body is not valid JSON: {e}")))?;
-    let Some(object) = v.as_object_mut() else {
-        return Err(Error::invalid(
-            "body",
-            "The request body must be a JSON object.",
-        ));
-    };
-    let chat = object.contains_key("messages");
-    let asked = match object.get("logprobs") {
-        Some(Value::Bool(b)) => chat && *b,
-        Some(Value::Number(_)) => !chat,
+/// Makes `body` ask for the logprobs of the sampled tokens: whether it asked already.
+pub fn ask_logprobs(body: &mut JsonBody) -> bool {
+    let chat = body.value().get("messages").is_some();
+    let asked = match body.get("logprobs") {
+        Value::Bool(b) => chat && *b,
+        Value::Number(_) => !chat,
         _ => false,
     };
-    if asked {
-        return Ok((body.clone(), true));
+    if !asked {
+        body.edit()["logprobs"] = if chat {
+            Value::Bool(true)
+        } else {
+            Value::from(0)
+        };
     }
-    let all = if chat {
-        Value::Bool(true)
-    } else {
-        Value::from(0)
-    };
-    object.insert("logprobs".to_owned(), all);
-    Ok((
-        serde_json::to_vec(&v).expect("JSON serialises").into(),
-        false,
-    ))
+    asked
+}
+
+impl AutoRoute {
+    /// Names the tier in `headers` (`x-osprey-tier`) with the reason (`x-osprey-route-reason`,
+    /// after any reason a fallback gave), and logs the choice.
+    pub fn mark(self, headers: &mut HeaderMap, level: u8) {
+        let reason = match headers.get(ROUTE_REASON).and_then(|r| r.to_str().ok()) {
+            Some(then) => format!("{}; {then}", self.reason),
+            None => self.reason,
+        };
+        tracing::info!(tier = %self.tier, model = %self.model, %reason, level, "auto routed");
+        if let (Ok(tier), Ok(reason)) = (
+            HeaderValue::from_str(&self.tier),
+            HeaderValue::from_str(&reason),
+        ) {
+            headers.insert(TIER, tier);
+            headers.insert(ROUTE_REASON, reason);
+        }
+    }
 }
 
 /// The mean logprob of the tokens of every choice of a chat or text completion; `None` if it
@@ -215,15 +212,19 @@ mod tests {
 
     #[test]
     fn answers_are_asked_with_logprobs_and_measured_by_their_mean() {
-        let chat = Bytes::from_static(br#"{"messages": []}"#);
-        let (body, asked) = asking_logprobs(&chat).unwrap();
-        assert!(!asked);
-        assert!(String::from_utf8_lossy(&body).contains(r#""logprobs":true"#));
-        let text = Bytes::from_static(br#"{"prompt": "x", "logprobs": 2}"#);
-        assert_eq!(asking_logprobs(&text).unwrap(), (text.clone(), true));
-        let (body, _) = asking_logprobs(&Bytes::from_static(br#"{"prompt": "x"}"#)).unwrap();
-        assert!(String::from_utf8_lossy(&body).contains(r#""logprobs":0"#));
-        assert!(asking_logprobs(&Bytes::from_static(b"[1]")).is_err());
+        let parse = |json: &'static str| {
+            JsonBody::parse(axum::body::Bytes::from_static(json.as_bytes())).unwrap()
+        };
+        let mut chat = parse(r#"{"messages": []}"#);
+        assert!(!ask_logprobs(&mut chat));
+        assert_eq!(chat.get("logprobs"), &Value::Bool(true));
+        let raw = r#"{"prompt": "x", "logprobs": 2}"#;
+        let mut text = parse(raw);
+        assert!(ask_logprobs(&mut text));
+        assert_eq!(text.bytes(), raw.as_bytes(), "unchanged");
+        let mut text = parse(r#"{"prompt": "x"}"#);
+        assert!(!ask_logprobs(&mut text));
+        assert_eq!(text.get("logprobs"), 0);
 
         let mut chat = serde_json::json!({"choices": [{"logprobs": {"content": [
             {"logprob": -0.5}, {"logprob": -1.5}]}}]});

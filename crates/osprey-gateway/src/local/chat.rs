@@ -14,10 +14,11 @@ use osprey_core::{Error, FinishReason, Grammar};
 use osprey_engine::tools::{self, ToolCallParser, ToolEvent};
 use osprey_engine::{Engine, GenerateRequest, Prompter};
 
-use super::{Routed, async_stream, done_event, json_event, new_id, stream_response};
+use super::generation::{Deltas, RequestTimer, chat_logprob, merge, start_choices};
 use crate::edge::{Caller, UsageReport};
 use crate::error::ApiError;
-use crate::generation::{Deltas, RequestTimer, chat_logprob, merge, start_choices};
+use crate::pipeline::Routed;
+use crate::sse::{FINGERPRINT, async_stream, done_event, json_event, new_id, stream_response};
 use crate::state::{AppState, unix_now};
 
 /// Chat completion on the local engine, streamed or not.
@@ -72,6 +73,15 @@ pub async fn chat_completions(
 impl Routed for ChatCompletionRequest {
     fn model(&self) -> &str {
         &self.model
+    }
+
+    async fn serve_locally(
+        self,
+        state: AppState,
+        caller: Caller,
+        usage: Arc<UsageReport>,
+    ) -> Result<Response, ApiError> {
+        chat_completions(state, self, caller, usage).await
     }
 
     fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, Error> {
@@ -174,7 +184,7 @@ impl ChatContext {
             model: self.model,
             choices,
             usage: Usage::new(self.prompt_tokens, completion_tokens),
-            system_fingerprint: Some(super::FINGERPRINT.into()),
+            system_fingerprint: Some(FINGERPRINT.into()),
         })
     }
 
@@ -190,7 +200,7 @@ impl ChatContext {
             model: self.model.clone(),
             choices,
             usage,
-            system_fingerprint: Some(super::FINGERPRINT.into()),
+            system_fingerprint: Some(FINGERPRINT.into()),
         }
     }
 

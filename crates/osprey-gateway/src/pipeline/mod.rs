@@ -1,0 +1,135 @@
+//! The stages a generation request passes, in order; [`run`] reads as their list.
+//!
+//! The body is parsed once, where it arrives (the edge, or the handler of a route without
+//! one), into a [`JsonBody`]. Every stage reads and changes that one value, held with the
+//! caller, the tenant's flags and the degradation level in a [`Prepared`]; none parses bytes.
+//! On the way in: guard-in ([`crate::safety`]), retrieve ([`crate::rag`]), prompt
+//! ([`crate::prompts`]), memory ([`crate::context`]), cache lookup ([`crate::cache`] and
+//! [`crate::semantic_cache`]), the degradation ladder ([`crate::degrade`]), route
+//! ([`crate::auto`]) and backend ([`dispatch`]: an upstream and its fallbacks, a worker
+//! pool, or the local engine through [`Routed::serve_locally`]). On the way out: guard-out,
+//! cache keep, turn keep, citations and the prompt's version, then the recent answers.
+//!
+//! Internal callers (summaries, the agent loop) go through [`own`], not through a route.
+
+mod dispatch;
+mod own;
+mod stages;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::response::Response;
+use osprey_core::api::JsonBody;
+use osprey_engine::Prompter;
+
+use crate::edge::{Admitted, Caller, UsageReport};
+use crate::error::ApiError;
+use crate::flags::TenantFlags;
+use crate::state::AppState;
+
+pub use own::{chat_answer, complete_chat};
+use stages::{Asked, Lookup};
+
+/// The path of chat completions below `/v1`.
+pub const CHAT_PATH: &str = "chat/completions";
+/// The path of text completions below `/v1`.
+pub const COMPLETIONS_PATH: &str = "completions";
+
+/// A typed generation request, as the pipeline hands it to a backend.
+pub trait Routed: osprey_core::api::ApiRequest + Send {
+    /// The model it names.
+    fn model(&self) -> &str;
+    /// The token ids of its (first) prompt, as the engine will see them; errors for a request
+    /// the engine would refuse (bad messages or sampling parameters).
+    fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, osprey_core::Error>;
+    /// Its answer from the local engine, streamed or whole.
+    fn serve_locally(
+        self,
+        state: AppState,
+        caller: Caller,
+        usage: Arc<UsageReport>,
+    ) -> impl Future<Output = Result<Response, ApiError>> + Send;
+}
+
+/// A generation request as the stages see it: parsed once, changed in place.
+pub struct Prepared {
+    /// Who asks and where usage is reported.
+    pub admitted: Admitted,
+    /// The route below `/v1`: [`CHAT_PATH`] or [`COMPLETIONS_PATH`].
+    pub path: &'static str,
+    /// The body, as it will go to the model.
+    pub body: JsonBody,
+    /// The tenant's feature flags.
+    pub flags: TenantFlags,
+    /// The degradation level that applies to it (0 when the service is not degraded).
+    pub level: u8,
+}
+
+impl Prepared {
+    async fn new(state: &AppState, admitted: Admitted, body: JsonBody, path: &'static str) -> Self {
+        let tenant = &admitted.caller.tenant;
+        let level = osprey_router::degrade::level_for(state.degradation().level(), tenant.premium);
+        let flags = state.flags(&tenant.name).await;
+        Self {
+            admitted,
+            path,
+            body,
+            flags,
+            level,
+        }
+    }
+
+    /// Whether it is a chat request.
+    fn is_chat(&self) -> bool {
+        self.path == CHAT_PATH
+    }
+}
+
+/// Answers a generation request: where its model is served (for `auto`, the model of the tier
+/// the router picks; the response names the tier in `x-osprey-tier`), degraded as the ladder's
+/// level says (`x-osprey-degraded`). A non-streamed request's successful answer is kept among
+/// the recent answers: at level 5, and when every backend failed, the same request is given
+/// it again ([`crate::replay`]).
+pub async fn run<R: Routed>(
+    state: &AppState,
+    admitted: Admitted,
+    body: JsonBody,
+    path: &'static str,
+) -> Result<Response, ApiError> {
+    let mut p = Prepared::new(state, admitted, body, path).await;
+    let asked = Asked::of(&p);
+    let recent = asked.recent_key(&p);
+    let guard = stages::guard_in(state, &mut p).await?;
+    let retrieved = stages::retrieve(state, &mut p, &asked, guard.as_ref()).await?;
+    let applied = stages::prompt(state, &mut p, &asked).await?;
+    let mut context = stages::memory(state, &mut p, &asked).await?;
+    let lookup = Lookup::new(state, &p, context.as_ref()).await;
+    let mut response = match lookup.replay(&p) {
+        Some(response) => response,
+        None => {
+            let response = match stages::backend::<R>(state, &mut p, recent.as_ref()).await? {
+                stages::Answer::Fresh(response) => response,
+                stages::Answer::Recent(response) => return Ok(response),
+            };
+            let response = stages::guard_out(response, guard);
+            lookup.keep(p.level, response).await
+        }
+    };
+    let mut noted = crate::request_log::Noted::default();
+    if let Some(context) = context.as_mut() {
+        response = context.keep(response, &mut noted).await;
+    }
+    if let Some(retrieved) = retrieved {
+        response = retrieved.cite(response).await;
+    }
+    if let Some(applied) = &applied {
+        applied.mark(&mut response);
+        noted.prompt = Some(applied.version());
+    }
+    response.extensions_mut().insert(noted);
+    Ok(match recent {
+        Some(key) => state.recent().keep(key, response).await,
+        None => response,
+    })
+}

@@ -1,0 +1,316 @@
+//! Each stage of [`super::run`]: what it reads of the [`Prepared`] request, what it changes, and
+//! what it hands to the way out.
+
+use std::sync::Arc;
+
+use axum::http::HeaderValue;
+use axum::response::Response;
+use osprey_policy::pipeline::Pipeline;
+use osprey_policy::redact::Redactor;
+use osprey_store::Owner;
+use tracing::Instrument;
+
+use super::{Prepared, Routed, dispatch};
+use crate::auto;
+use crate::cache::ResponseCache;
+use crate::context::Context;
+use crate::degrade::{DEGRADED, DEGRADED_MAX_TOKENS, DEGRADED_PARTIAL_MAX_TOKENS};
+use crate::error::ApiError;
+use crate::prompts::Applied;
+use crate::rag::Retrieved;
+use crate::replay::{self, Key};
+use crate::safety::Auditor;
+use crate::semantic_cache::Similar;
+use crate::state::AppState;
+use crate::upstream::{ROUTE_REASON, warrants_fallback};
+use osprey_core::Error;
+
+/// What the body asks of the stages, read before any of them changes it.
+pub(super) struct Asked {
+    prompt: bool,
+    context: bool,
+    rag: bool,
+}
+
+impl Asked {
+    pub(super) fn of(p: &Prepared) -> Self {
+        let chat = p.is_chat();
+        Self {
+            prompt: chat && crate::prompts::named(&p.body),
+            context: chat && crate::context::wanted(&p.body, &p.flags),
+            rag: chat && crate::rag::wanted(&p.body),
+        }
+    }
+
+    /// The key of the request among the recent answers, if its answer can be given again: one
+    /// given with a user's context, a label's prompt version, or passages retrieved now is not
+    /// an answer to the body alone, and a stream is not kept.
+    pub(super) fn recent_key(&self, p: &Prepared) -> Option<Key> {
+        let personal = self.context || self.prompt || self.rag;
+        let salt = &p.admitted.caller.tenant.cache_salt;
+        (!p.body.streamed() && !personal).then(|| replay::key(salt, p.path, "", &p.body.bytes()))
+    }
+}
+
+/// The safety policy a request was screened under, to filter its answer with.
+pub(super) struct Guard {
+    pipeline: Arc<Pipeline>,
+    restore: Option<Arc<Redactor>>,
+    auditor: Auditor,
+}
+
+/// Guard-in: screens the input under the tenant's policy (or the one its flags name),
+/// redacting it in place.
+pub(super) async fn guard_in(state: &AppState, p: &mut Prepared) -> Result<Option<Guard>, Error> {
+    let Some(policies) = state.policies() else {
+        return Ok(None);
+    };
+    let caller = &p.admitted.caller;
+    let flagged = crate::flags::policy(&p.flags).filter(|name| policies.has(name));
+    let pipeline = policies
+        .get(flagged.or(caller.tenant.policy.as_deref()))
+        .clone();
+    let auditor = Auditor::new(state.audit_store(), pipeline.config().audit, caller);
+    let screened = crate::safety::screen(state, &pipeline, &auditor, &mut p.body)
+        .instrument(tracing::info_span!("guard.input"))
+        .await?;
+    Ok(Some(Guard {
+        pipeline,
+        restore: screened.restore,
+        auditor,
+    }))
+}
+
+/// Retrieve: puts passages from the collection the request names into its prompt.
+pub(super) async fn retrieve(
+    state: &AppState,
+    p: &mut Prepared,
+    asked: &Asked,
+    guard: Option<&Guard>,
+) -> Result<Option<Retrieved>, Error> {
+    if !asked.rag {
+        return Ok(None);
+    }
+    let pipeline = guard.map(|g| g.pipeline.as_ref());
+    let retrieved = crate::rag::augment(state, &p.admitted.caller, pipeline, &mut p.body).await?;
+    Ok(Some(retrieved))
+}
+
+/// Prompt: applies the registered prompt the request names (retrieval may name one too).
+pub(super) async fn prompt(
+    state: &AppState,
+    p: &mut Prepared,
+    asked: &Asked,
+) -> Result<Option<Applied>, Error> {
+    let named = asked.prompt || (asked.rag && crate::prompts::named(&p.body));
+    if !named {
+        return Ok(None);
+    }
+    let applied = crate::prompts::apply(state, &p.admitted.caller, &p.flags, &mut p.body)
+        .instrument(tracing::info_span!("prompt"))
+        .await?;
+    Ok(Some(applied))
+}
+
+/// Memory: puts in the user's facts, scratchpad and conversation, each within its budget.
+pub(super) async fn memory(
+    state: &AppState,
+    p: &mut Prepared,
+    asked: &Asked,
+) -> Result<Option<Context>, Error> {
+    if !asked.context {
+        return Ok(None);
+    }
+    let context = crate::context::prepare(state, &p.admitted.caller, &p.flags, &mut p.body)
+        .instrument(tracing::info_span!("memory"))
+        .await?;
+    Ok(Some(context))
+}
+
+/// The response cache's view of a request: where its answer is (or will be) kept, and the
+/// answer it found.
+pub(super) struct Lookup {
+    cache: Option<Arc<ResponseCache>>,
+    key: Option<Key>,
+    owner: Option<Owner>,
+    hit: Option<serde_json::Value>,
+    similar: Option<Similar>,
+}
+
+impl Lookup {
+    /// Looks the request up by its exact key, then (for tenants with the semantic cache) by
+    /// meaning. A user's context makes the answer theirs: cached in their scope, and forgotten
+    /// with them.
+    pub(super) async fn new(state: &AppState, p: &Prepared, context: Option<&Context>) -> Self {
+        let owner = context.filter(|c| c.is_personal()).map(|c| c.owner.clone());
+        let mut lookup = Self {
+            cache: state.response_cache().cloned(),
+            key: None,
+            owner,
+            hit: None,
+            similar: None,
+        };
+        let Some(cache) = &lookup.cache else {
+            return lookup;
+        };
+        let salt = &p.admitted.caller.tenant.cache_salt;
+        let scope = match &lookup.owner {
+            Some(o) => format!("{salt}\u{0}user\u{0}{}", o.user),
+            None => salt.clone(),
+        };
+        lookup.key = crate::cache::key(&scope, p.path, p.body.value());
+        let Some(key) = &lookup.key else {
+            return lookup;
+        };
+        lookup.hit = cache.get(key).await;
+        if let Some(threshold) = crate::semantic_cache::threshold(&p.flags)
+            && lookup.hit.is_none()
+            && p.is_chat()
+        {
+            lookup.similar =
+                crate::semantic_cache::similar(state, &scope, p.path, p.body.value(), threshold)
+                    .await;
+        }
+        lookup
+    }
+
+    /// The answer found, as the request asks for it (streamed or whole).
+    pub(super) fn replay(&self, p: &Prepared) -> Option<Response> {
+        let (streamed, usage) = (p.body.streamed(), p.body.include_usage());
+        if let Some(answer) = &self.hit {
+            return Some(crate::cache::replay(answer, streamed, usage));
+        }
+        self.cache
+            .as_ref()?
+            .similar(self.similar.as_ref()?, streamed, usage)
+    }
+
+    /// Cache keep: keeps `response` under the request's key as it passes. A degraded answer
+    /// (capped, a smaller tier) is not the answer to the request as asked, and is not kept.
+    pub(super) async fn keep(self, level: u8, response: Response) -> Response {
+        match (self.cache, self.key) {
+            (Some(cache), Some(key)) if level == 0 => {
+                let slot = crate::cache::Slot {
+                    key,
+                    owner: self.owner,
+                    similar: self.similar,
+                };
+                cache.keep(slot, response).await
+            }
+            _ => response,
+        }
+    }
+}
+
+/// What the backend stage answered.
+pub(super) enum Answer {
+    /// A new answer, to go out through every stage.
+    Fresh(Response),
+    /// An answer given to the same request before, as it is (the service is degraded, or every
+    /// backend failed).
+    Recent(Response),
+}
+
+/// The degradation ladder, routing, and the backend: the ladder may answer from the recent
+/// answers (level 5), defer batch work (4) or cap the answer's length (1 and above); `auto`
+/// picks its tier; then the request goes where its model is served.
+pub(super) async fn backend<R: Routed>(
+    state: &AppState,
+    p: &mut Prepared,
+    recent: Option<&Key>,
+) -> Result<Answer, ApiError> {
+    let level = p.level;
+    if level >= 5
+        && let Some(mut response) = recent_answer(state, recent, "degraded")
+    {
+        degraded(&mut response, level);
+        return Ok(Answer::Recent(response));
+    }
+    if level >= 4 && p.body.is_batch(p.admitted.caller.tenant.priority) {
+        return Err(crate::degrade::deferred().into());
+    }
+    if level >= 1 {
+        let cap = match level {
+            5.. => DEGRADED_PARTIAL_MAX_TOKENS,
+            _ => DEGRADED_MAX_TOKENS,
+        };
+        p.body.cap_max_tokens(cap);
+    }
+    let mut routed = match p.admitted.model.as_deref() {
+        Some(auto::AUTO) => Some(tracing::info_span!("route").in_scope(|| {
+            auto::route(state.tiers(), &p.admitted.caller, &p.flags, &p.body, level)
+        })?),
+        _ => None,
+    };
+    let span = tracing::info_span!(
+        "backend",
+        model = tracing::field::Empty,
+        tier = tracing::field::Empty
+    );
+    let (mut admitted, mut body) = (p.admitted.clone(), std::mem::take(&mut p.body));
+    let dispatched = match routed.as_mut() {
+        Some(routed) => {
+            span.record("model", routed.model.as_str());
+            span.record("tier", routed.tier.as_str());
+            body.set_model(&routed.model);
+            admitted.model = Some(routed.model.clone());
+            dispatch::checked::<R>(state, admitted, body, p.path, routed)
+                .instrument(span)
+                .await
+        }
+        None => {
+            span.record("model", body.model());
+            dispatch::dispatch::<R>(state, admitted, body, p.path)
+                .instrument(span)
+                .await
+        }
+    };
+    let mut response = match dispatched {
+        Ok(response) => response,
+        // The last step of every fallback chain: the answer given to this request before.
+        Err(e) if warrants_fallback(&e.0) => match recent_answer(state, recent, "fallback") {
+            Some(mut response) => {
+                let why = format!("cached answer: {}", e.0.code.as_deref().unwrap_or("failed"));
+                if let Ok(why) = HeaderValue::from_str(&why) {
+                    response.headers_mut().insert(ROUTE_REASON, why);
+                }
+                degraded(&mut response, level);
+                return Ok(Answer::Recent(response));
+            }
+            None => return Err(e),
+        },
+        Err(e) => return Err(e),
+    };
+    degraded(&mut response, level);
+    if let Some(routed) = routed {
+        routed.mark(response.headers_mut(), level);
+    }
+    Ok(Answer::Fresh(response))
+}
+
+/// The answer given to the request before (`key`), if any, counted as given for `why`.
+fn recent_answer(state: &AppState, key: Option<&Key>, why: &'static str) -> Option<Response> {
+    let answer = state.recent().get(key?)?;
+    metrics::counter!(osprey_core::metrics::CACHED_ANSWERS, "why" => why).increment(1);
+    let mut response = answer.marked(replay::CACHE, "hit");
+    response.headers_mut().remove(DEGRADED);
+    Some(response)
+}
+
+/// Marks `response` degraded to `level`, if it was, and counts it.
+fn degraded(response: &mut Response, level: u8) {
+    if level > 0 {
+        metrics::counter!(osprey_core::metrics::DEGRADED, "level" => level.to_string())
+            .increment(1);
+        (response.headers_mut()).insert(DEGRADED, HeaderValue::from(u16::from(level)));
+    }
+}
+
+/// Guard-out: the answer filtered by the policy's output rules, with what guard-in redacted
+/// put back (when the policy says so).
+pub(super) fn guard_out(response: Response, guard: Option<Guard>) -> Response {
+    match guard {
+        Some(g) => crate::safety::filter_output(response, &g.pipeline, g.restore, &g.auditor),
+        None => response,
+    }
+}
