@@ -72,7 +72,7 @@ pub fn request_json(data: &[u8]) {
 
 /// An upstream's streamed answer, cut into chunks at the sizes the first byte picks, relayed by
 /// [`osprey_gateway::upstream::Upstream`] (which meters usage from it) and read event by event
-/// as the gateway's stream taps do.
+/// as the gateway's way out does ([`osprey_gateway::outbound`]).
 pub fn upstream_sse(data: &[u8]) {
     let Some((&first, rest)) = data.split_first() else {
         return;
@@ -94,11 +94,17 @@ pub fn upstream_sse(data: &[u8]) {
         let Ok(response) = upstream.forward("chat/completions", &request, usage).await else {
             return;
         };
-        let tapped = osprey_gateway::sse_tap::tap(response, |event| Box::pin(async { event }));
-        let mut body = tapped.into_body().into_data_stream();
+        let mut out = osprey_gateway::outbound::Outbound::default();
+        out.push(Pass);
+        let mut body = out.apply(response).await.into_body().into_data_stream();
         while let Some(Ok(_)) = body.next().await {}
     });
 }
+
+/// A step of the way out that changes nothing: every event is still read and parsed.
+struct Pass;
+
+impl osprey_gateway::outbound::Step for Pass {}
 
 /// A conversation rendered with the model's chat template: messages separated by NUL, each
 /// `role` SOH `content` (a message without SOH is a user's).

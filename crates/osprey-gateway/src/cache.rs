@@ -24,13 +24,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use futures_util::future::BoxFuture;
+use osprey_core::Error;
 use osprey_store::Owner;
 use redis::AsyncCommands;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::outbound::{Seen, Step};
 use crate::replay::{Answers, CACHE, KEPT_FOR};
 use crate::semantic_cache::{SIMILARITY_HEADER, SemanticIndex, Similar};
 use crate::shared_redis::SharedRedis;
@@ -274,47 +277,51 @@ impl ResponseCache {
         conn.del::<_, ()>(&set).await?;
         Ok(dropped)
     }
+}
 
-    /// `response` (the answer to a cacheable miss) marked `miss`, kept in `slot` once it is
-    /// complete.
-    pub async fn keep(self: &Arc<Self>, slot: Slot, response: Response) -> Response {
-        let mut response = response;
-        response
-            .headers_mut()
-            .insert(CACHE, HeaderValue::from_static("miss"));
-        if !response.status().is_success() {
-            return response;
+/// Cache keep, a step of the way out ([`crate::outbound`]): the answer to a cacheable miss,
+/// marked `miss`, kept in its slot once it is complete.
+pub struct CacheKeep {
+    cache: Arc<ResponseCache>,
+    slot: Slot,
+    /// A stream's chunks so far.
+    assembled: Assembled,
+}
+
+impl CacheKeep {
+    /// Keeps the answer in `slot` of `cache`.
+    pub fn new(cache: Arc<ResponseCache>, slot: Slot) -> Self {
+        Self {
+            cache,
+            slot,
+            assembled: Assembled::default(),
         }
-        if crate::sse_tap::is_stream(&response) {
-            return self.keep_stream(slot, response);
-        }
-        let answer = match crate::replay::Answer::read(response).await {
-            Ok(a) => a,
-            Err(r) => return r,
-        };
-        if let Some(json) = answer.json() {
-            self.put(&slot, &json).await;
-        }
-        answer.response()
+    }
+}
+
+impl Step for CacheKeep {
+    fn headers(&mut self, headers: &mut HeaderMap) {
+        headers.insert(CACHE, HeaderValue::from_static("miss"));
     }
 
-    fn keep_stream(self: &Arc<Self>, slot: Slot, response: Response) -> Response {
-        let (this, slot) = (self.clone(), Arc::new(slot));
-        let mut assembled = Assembled::default();
-        crate::sse_tap::tap(response, move |data| {
-            if data != "[DONE]" {
-                if let Ok(chunk) = serde_json::from_str::<Value>(&data) {
-                    assembled.add(&chunk);
-                }
-                return Box::pin(std::future::ready(data));
+    fn chunk(&mut self, chunk: &mut Value) -> Seen {
+        self.assembled.add(chunk);
+        Seen::Send
+    }
+
+    fn end(&mut self) -> BoxFuture<'_, Result<Option<Value>, Error>> {
+        Box::pin(async move {
+            if let Some(answer) = self.assembled.answer() {
+                self.cache.put(&self.slot, &answer).await;
             }
-            let (this, answer, slot) = (this.clone(), assembled.answer(), slot.clone());
-            Box::pin(async move {
-                if let Some(answer) = answer {
-                    this.put(&slot, &answer).await;
-                }
-                data
-            })
+            Ok(None)
+        })
+    }
+
+    fn whole<'a>(&'a mut self, answer: &'a mut Value) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.cache.put(&self.slot, answer).await;
+            Ok(())
         })
     }
 }

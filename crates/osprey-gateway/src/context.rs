@@ -68,17 +68,11 @@ pub struct Context {
 }
 
 impl Context {
-    /// Turn keep: the answer `response` kept as the conversation's turn as it passes, `response`
-    /// marked with what went in, and that noted for the request log.
-    pub async fn keep(&mut self, mut response: Response, noted: &mut Noted) -> Response {
-        if let Some(turn) = self.turn.take() {
-            response = turn.keep(response).await;
-        }
-        self.mark(&mut response);
+    /// Notes what went in for the request log.
+    pub fn note(&mut self, noted: &mut Noted) {
         noted.conversation = self.conversation.clone();
         noted.user = Some(self.owner.user.clone());
         noted.injected = std::mem::take(&mut self.injected);
-        response
     }
 
     /// Whether the prompt holds anything of its user's (so its answer is theirs alone).

@@ -15,9 +15,7 @@
 //!   append fails, a non-streamed request fails with the store's error; a stream ends with an
 //!   error event instead of `[DONE]`.
 
-use std::sync::Arc;
-
-use axum::response::{IntoResponse, Response};
+use futures_util::future::BoxFuture;
 use osprey_context::builder::{Budgets, HistoryPlan, MESSAGE_OVERHEAD, plan_history};
 use osprey_context::prompt::Message;
 use osprey_core::Error;
@@ -26,7 +24,8 @@ use serde_json::Value;
 
 use crate::context::count_tokens;
 use crate::edge::Caller;
-use crate::error::{ApiError, store_error};
+use crate::error::store_error;
+use crate::outbound::{Seen, Step};
 use crate::state::AppState;
 
 /// Items read from the store per page.
@@ -42,6 +41,8 @@ pub struct Turn {
     owner: Owner,
     id: String,
     asked: Vec<NewItem>,
+    /// The answer (choice 0) streamed so far.
+    answer: String,
 }
 
 /// The session layers of a conversation.
@@ -170,63 +171,8 @@ impl Turn {
             owner,
             id,
             asked,
+            answer: String::new(),
         }
-    }
-
-    /// `response` with the turn appended once it is complete (see the module docs).
-    pub async fn keep(self, response: Response) -> Response {
-        if !response.status().is_success() {
-            return response;
-        }
-        match crate::sse_tap::is_stream(&response) {
-            true => self.keep_stream(response),
-            false => self.keep_answer(response).await,
-        }
-    }
-
-    async fn keep_answer(self, response: Response) -> Response {
-        let answer = match crate::replay::Answer::read(response).await {
-            Ok(answer) => answer,
-            Err(response) => return response,
-        };
-        let Some(json) = answer.json() else {
-            return answer.response();
-        };
-        let text = json["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or_default();
-        match self.append(text.to_owned()).await {
-            Ok(()) => answer.response(),
-            Err(e) => ApiError(e).into_response(),
-        }
-    }
-
-    fn keep_stream(self, response: Response) -> Response {
-        let turn = Arc::new(self);
-        let mut text = String::new();
-        crate::sse_tap::tap(response, move |data| {
-            if data == "[DONE]" {
-                let (turn, text) = (turn.clone(), std::mem::take(&mut text));
-                return Box::pin(async move {
-                    match turn.append(text).await {
-                        Ok(()) => data,
-                        Err(e) => {
-                            serde_json::to_string(&crate::error::error_body(&e)).unwrap_or_default()
-                        }
-                    }
-                });
-            }
-            if let Ok(v) = serde_json::from_str::<Value>(&data) {
-                for choice in v["choices"].as_array().into_iter().flatten() {
-                    if choice["index"].as_u64().unwrap_or(0) == 0
-                        && let Some(t) = osprey_core::api::choice_text(choice)
-                    {
-                        text.push_str(t);
-                    }
-                }
-            }
-            Box::pin(std::future::ready(data))
-        })
     }
 
     async fn append(&self, answer: String) -> Result<(), Error> {
@@ -237,5 +183,33 @@ impl Turn {
         });
         (self.store.append_items(&self.owner, &self.id, &items).await).map_err(store_error)?;
         Ok(())
+    }
+}
+
+/// Turn keep, a step of the way out ([`crate::outbound`]).
+impl Step for Turn {
+    fn chunk(&mut self, chunk: &mut Value) -> Seen {
+        for choice in chunk["choices"].as_array().into_iter().flatten() {
+            if choice["index"].as_u64().unwrap_or(0) == 0
+                && let Some(t) = osprey_core::api::choice_text(choice)
+            {
+                self.answer.push_str(t);
+            }
+        }
+        Seen::Send
+    }
+
+    fn end(&mut self) -> BoxFuture<'_, Result<Option<Value>, Error>> {
+        Box::pin(async move {
+            let answer = std::mem::take(&mut self.answer);
+            self.append(answer).await.map(|()| None)
+        })
+    }
+
+    fn whole<'a>(&'a mut self, answer: &'a mut Value) -> BoxFuture<'a, Result<(), Error>> {
+        let text = (answer["choices"][0]["message"]["content"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        Box::pin(self.append(text))
     }
 }

@@ -14,9 +14,8 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::http::HeaderValue;
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderValue};
+use futures_util::future::BoxFuture;
 use osprey_core::api::JsonBody;
 use osprey_core::{Error, ErrorKind};
 use osprey_policy::pipeline::Pipeline;
@@ -26,6 +25,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use crate::edge::Caller;
+use crate::outbound::{Seen, Step};
 use crate::state::AppState;
 use osprey_core::api::{choice_text, content_text};
 
@@ -113,6 +113,10 @@ pub fn wanted(body: &JsonBody) -> bool {
 pub struct Retrieved {
     passages: Vec<Hit>,
     dropped: usize,
+    /// The answer (its first choice) streamed so far.
+    answer: String,
+    /// The first chunk of a stream: its id, creation time and model head the citations' chunk.
+    head: Option<Value>,
 }
 
 /// Puts passages from the body's `rag` collection in (and takes the `rag` option out): what
@@ -259,61 +263,49 @@ impl Retrieved {
             .collect();
         Value::Array(list)
     }
+}
 
-    /// `response` with `osprey.citations` added (to a stream, as a last chunk) and marked
-    /// with what went in.
-    pub async fn cite(self, response: Response) -> Response {
+/// Citations, a step of the way out ([`crate::outbound`]): the answer marked with what went in
+/// (`x-osprey-rag`) and given `osprey.citations` (a stream, in one last chunk before `[DONE]`).
+impl Step for Retrieved {
+    fn headers(&mut self, headers: &mut HeaderMap) {
         let said = format!("passages={}; dropped={}", self.passages.len(), self.dropped);
-        let mut response = if crate::sse_tap::is_stream(&response) {
-            let mut answer = String::new();
-            let mut last: Value = Value::Null;
-            crate::sse_tap::tap(response, move |data| {
-                if data.trim() == "[DONE]" {
-                    let chunk = json!({
-                        "id": last["id"],
-                        "object": "chat.completion.chunk",
-                        "created": last["created"],
-                        "model": last["model"],
-                        "choices": [],
-                        "osprey": {"citations": self.citations(&answer)},
-                    });
-                    return Box::pin(async move { format!("{chunk}\n\ndata: [DONE]") });
-                }
-                if let Ok(v) = serde_json::from_str::<Value>(&data) {
-                    if let Some(text) = choice_text(&v["choices"][0]) {
-                        answer.push_str(text);
-                    }
-                    last = v;
-                }
-                Box::pin(async move { data })
-            })
-        } else if response.status().is_success() {
-            let (parts, body) = response.into_parts();
-            let bytes = axum::body::to_bytes(body, usize::MAX)
-                .await
-                .unwrap_or_default();
-            let bytes = match serde_json::from_slice::<Value>(&bytes) {
-                Ok(mut v) => {
-                    let answer = v["choices"][0]["message"]["content"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned();
-                    v["osprey"]["citations"] = self.citations(&answer);
-                    Bytes::from(serde_json::to_vec(&v).expect("JSON serialises"))
-                }
-                Err(_) => bytes,
-            };
-            let mut response = Response::from_parts(parts, axum::body::Body::from(bytes));
-            response
-                .headers_mut()
-                .remove(axum::http::header::CONTENT_LENGTH);
-            response
-        } else {
-            response
-        };
         if let Ok(v) = HeaderValue::from_str(&said) {
-            response.headers_mut().insert(RAG_HEADER, v);
+            headers.insert(RAG_HEADER, v);
         }
-        response
+    }
+
+    fn chunk(&mut self, chunk: &mut Value) -> Seen {
+        if let Some(text) = choice_text(&chunk["choices"][0]) {
+            self.answer.push_str(text);
+        }
+        if self.head.is_none() {
+            self.head = Some(
+                json!({"id": chunk["id"], "created": chunk["created"], "model": chunk["model"]}),
+            );
+        }
+        Seen::Send
+    }
+
+    fn end(&mut self) -> BoxFuture<'_, Result<Option<Value>, Error>> {
+        let head = self.head.take().unwrap_or_default();
+        let chunk = json!({
+            "id": head["id"],
+            "object": "chat.completion.chunk",
+            "created": head["created"],
+            "model": head["model"],
+            "choices": [],
+            "osprey": {"citations": self.citations(&self.answer)},
+        });
+        Box::pin(std::future::ready(Ok(Some(chunk))))
+    }
+
+    fn whole<'a>(&'a mut self, answer: &'a mut Value) -> BoxFuture<'a, Result<(), Error>> {
+        let text = answer["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default();
+        let citations = self.citations(text);
+        answer["osprey"]["citations"] = citations;
+        Box::pin(std::future::ready(Ok(())))
     }
 }

@@ -6,9 +6,11 @@
 //! `osprey_request_log_dropped_total`, so logging never holds up serving. A server that stops
 //! [`RequestLog::flush`]es it after its last answer.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 
 use axum::http::HeaderValue;
 use axum::response::Response;
@@ -17,6 +19,8 @@ use osprey_store::{RequestLogEntry, Store};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::edge::Caller;
+use crate::outbound::{Seen, Step};
+use crate::record::RequestRecord;
 
 /// Rows waiting to be written at most.
 const QUEUE: usize = 4096;
@@ -244,10 +248,9 @@ pub fn finish(
     entry
 }
 
-/// `response` with its row written to `log` once its body has been sent or dropped. When the
-/// caller's tenant samples this request, the answer's text is kept (PII redacted); an error
-/// answer's message is kept always.
-pub fn attach(
+/// `response` with its row written to `log` once its body has been sent or dropped. A failed
+/// answer's error message is noted for the row first.
+pub async fn attach(
     log: RequestLog,
     entry: RequestLogEntry,
     caller: Caller,
@@ -255,23 +258,9 @@ pub fn attach(
     started: Instant,
     response: Response,
 ) -> Response {
-    let sampled = caller.record.read(|n| n.prompt_text.is_some());
-    let failed = !response.status().is_success();
-    let response = if sampled || failed {
-        let record = caller.record.clone();
-        keep_text(response, move |text, error| {
-            record.note(|n| match error {
-                Some(e) => n.error = Some(e),
-                None if sampled => {
-                    n.response_text
-                        .get_or_insert_with(String::new)
-                        .push_str(&text);
-                }
-                None => {}
-            })
-        })
-    } else {
-        response
+    let response = match response.status().is_success() {
+        true => response,
+        false => note_error(&caller.record, response).await,
     };
     let (parts, body) = response.into_parts();
     let mut row = Some((entry, caller, usage));
@@ -290,6 +279,61 @@ pub fn attach(
     Response::from_parts(parts, axum::body::Body::from_stream(stream))
 }
 
+/// Notes the error message of `response` (a failed answer, a small JSON error) in `record`.
+async fn note_error(record: &RequestRecord, response: Response) -> Response {
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
+    if let Some(e) = error_of(&serde_json::from_slice(&bytes).unwrap_or_default()) {
+        record.note(|n| n.error = Some(e));
+    }
+    Response::from_parts(parts, axum::body::Body::from(bytes))
+}
+
+fn error_of(v: &serde_json::Value) -> Option<String> {
+    v["error"]["message"].as_str().map(str::to_owned)
+}
+
+/// The request log's share of the way out ([`crate::outbound`]), for a request whose tenant
+/// samples its text: the answer's text (choice 0) is kept, and an error reported in a stream
+/// is noted.
+pub struct LogText {
+    record: Arc<RequestRecord>,
+}
+
+impl LogText {
+    /// The step noting into `record`; none if the request's prompt was not sampled.
+    pub fn new(record: Arc<RequestRecord>) -> Option<Self> {
+        let sampled = record.read(|n| n.prompt_text.is_some());
+        sampled.then_some(Self { record })
+    }
+
+    fn note(&self, answer: &serde_json::Value) {
+        let error = error_of(answer);
+        let text = osprey_core::api::choice_text(&answer["choices"][0]).unwrap_or_default();
+        self.record.note(|n| match error {
+            Some(e) => n.error = Some(e),
+            None => (n.response_text.get_or_insert_with(String::new)).push_str(text),
+        });
+    }
+}
+
+impl Step for LogText {
+    fn chunk(&mut self, chunk: &mut serde_json::Value) -> Seen {
+        self.note(chunk);
+        Seen::Send
+    }
+
+    fn whole<'a>(
+        &'a mut self,
+        answer: &'a mut serde_json::Value,
+    ) -> BoxFuture<'a, Result<(), osprey_core::Error>> {
+        self.note(answer);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
 /// Calls its closure when dropped.
 struct OnDrop<F: FnOnce()>(Option<F>);
 
@@ -299,46 +343,6 @@ impl<F: FnOnce()> Drop for OnDrop<F> {
             f();
         }
     }
-}
-
-/// Passes `response`'s text to `keep` as it goes by: the content of each streamed delta, or of
-/// a whole answer, as `(text, None)`; an error's message as `("", Some(message))`.
-fn keep_text(
-    response: Response,
-    mut keep: impl FnMut(String, Option<String>) + Send + 'static,
-) -> Response {
-    use futures_util::FutureExt;
-    fn text_of(v: &serde_json::Value) -> Option<String> {
-        osprey_core::api::choice_text(&v["choices"][0]).map(str::to_owned)
-    }
-    fn error_of(v: &serde_json::Value) -> Option<String> {
-        v["error"]["message"].as_str().map(str::to_owned)
-    }
-    if crate::sse_tap::is_stream(&response) {
-        return crate::sse_tap::tap(response, move |data| {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&data) {
-                match error_of(&v) {
-                    Some(e) => keep(String::new(), Some(e)),
-                    None => keep(text_of(&v).unwrap_or_default(), None),
-                }
-            }
-            async move { data }.boxed()
-        });
-    }
-    let (parts, body) = response.into_parts();
-    let stream = futures_util::stream::once(async move {
-        let bytes = axum::body::to_bytes(body, usize::MAX)
-            .await
-            .unwrap_or_default();
-        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-            match error_of(&v) {
-                Some(e) => keep(String::new(), Some(e)),
-                None => keep(text_of(&v).unwrap_or_default(), None),
-            }
-        }
-        Ok::<_, std::convert::Infallible>(bytes)
-    });
-    Response::from_parts(parts, axum::body::Body::from_stream(stream))
 }
 
 /// `text` with personal data replaced by typed placeholders.

@@ -12,7 +12,7 @@
 //! `abuse_throttled`) until the window has room again ([`Abuse`]). On a server without keys
 //! every caller is the same open tenant, so nobody is throttled; verdicts are still recorded.
 //!
-//! On the way out, [`filter_output`] applies the policy's output rules (deny-listed phrases,
+//! On the way out, [`GuardOut`] applies the policy's output rules (deny-listed phrases,
 //! PII in answers) to every choice of an answer, streamed or not, and puts back the values
 //! redacted from the caller's input where the policy says so (`restore_pii`). A stream is
 //! filtered through a hold-back window ([`osprey_policy::stream`]); one that reaches a
@@ -24,19 +24,17 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
-use axum::response::Response;
-use eventsource_stream::Eventsource;
-use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 use osprey_core::api::{JsonBody, choice_text_mut, set_choice_text};
 use osprey_core::{Error, ErrorKind};
 use osprey_policy::pipeline::{Audit, Pipeline, PolicyConfig};
 use osprey_policy::redact::Redactor;
-use osprey_policy::stream::{OutputFilter, Stop};
+use osprey_policy::stream::{OutputFilter, OutputRules, Stop};
 use osprey_policy::{Action, Category, Source, Verdict};
 use osprey_store::{AuditEntry, Store};
 
 use crate::edge::Caller;
+use crate::outbound::{Seen, Step};
 use serde_json::Value;
 
 /// The pipelines by policy name, and the standard one.
@@ -216,36 +214,90 @@ fn screen_texts(
     Ok((redacted, attack))
 }
 
-/// `response` (a successful answer, streamed or not) filtered by `pipeline`'s output rules,
-/// with `restore`'s values put back; as it is when there is nothing to do.
-pub fn filter_output(
-    response: Response,
-    pipeline: &Pipeline,
+/// Guard-out, a step of the way out ([`crate::outbound`]): every choice of an answer through
+/// its own filter of the policy's output rules, with the values redacted from the caller's
+/// input put back where the policy says so. On a stream, a choice the rules stop ends the
+/// stream with `finish_reason: content_filter`.
+pub struct GuardOut {
+    rules: OutputRules,
     restore: Option<Arc<Redactor>>,
-    auditor: &Auditor,
-) -> Response {
-    let rules = pipeline.config().output_rules();
-    if !(rules.is_active() || restore.is_some()) || !response.status().is_success() {
-        return response;
+    auditor: Auditor,
+    /// Each streamed choice's filter, by index.
+    filters: BTreeMap<u64, OutputFilter>,
+}
+
+impl GuardOut {
+    /// The step for `pipeline`'s output rules, restoring `restore`'s values; none when there
+    /// is nothing to do.
+    pub fn new(
+        pipeline: &Pipeline,
+        restore: Option<Arc<Redactor>>,
+        auditor: Auditor,
+    ) -> Option<Self> {
+        let rules = pipeline.config().output_rules();
+        (rules.is_active() || restore.is_some()).then(|| Self {
+            rules,
+            restore,
+            auditor,
+            filters: BTreeMap::new(),
+        })
     }
-    let new_filter = move || OutputFilter::new(&rules, restore.clone());
-    let (mut parts, body) = response.into_parts();
-    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-    let streamed = (parts.headers.get(axum::http::header::CONTENT_TYPE))
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.starts_with("text/event-stream"));
-    let auditor = auditor.clone();
-    if streamed {
-        let events = filter_stream(body, new_filter, auditor);
-        return Response::from_parts(parts, Body::from_stream(events));
+
+    fn filter(&self) -> OutputFilter {
+        OutputFilter::new(&self.rules, self.restore.clone())
     }
-    let body = futures_util::stream::once(async move {
-        let bytes = axum::body::to_bytes(body, 64 << 20).await?;
-        let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
-            return Ok::<_, axum::Error>(bytes);
-        };
-        for choice in v["choices"].as_array_mut().into_iter().flatten() {
-            let mut filter = new_filter();
+}
+
+impl Step for GuardOut {
+    fn chunk(&mut self, chunk: &mut Value) -> Seen {
+        let mut stop = None;
+        let mut worth_sending =
+            (chunk.get("choices")).is_none_or(|c| c.as_array().is_none_or(Vec::is_empty));
+        for choice in chunk["choices"].as_array_mut().into_iter().flatten() {
+            let index = choice["index"].as_u64().unwrap_or(0);
+            if !self.filters.contains_key(&index) {
+                self.filters.insert(index, self.filter());
+            }
+            let filter = self.filters.get_mut(&index).expect("inserted");
+            let finishing = !choice["finish_reason"].is_null();
+            let text = choice_text_mut(choice)
+                .map(std::mem::take)
+                .unwrap_or_default();
+            let mut out = filter.push(&text);
+            if finishing && let Ok(released) = &mut out {
+                match filter.finish() {
+                    Ok(rest) => released.push_str(&rest),
+                    Err(s) => out = Err(s),
+                }
+            }
+            match out {
+                Ok(released) => {
+                    worth_sending |=
+                        finishing || !released.is_empty() || has_more_than_text(choice);
+                    if !released.is_empty() || choice_text_mut(choice).is_some() {
+                        set_choice_text(choice, released);
+                    }
+                }
+                Err(s) => {
+                    choice["finish_reason"] = "content_filter".into();
+                    stop = Some(s);
+                    worth_sending = true;
+                }
+            }
+        }
+        match (stop, worth_sending) {
+            (Some(s), _) => {
+                self.auditor.stopped(s);
+                Seen::Last
+            }
+            (None, true) => Seen::Send,
+            (None, false) => Seen::Drop,
+        }
+    }
+
+    fn whole<'a>(&'a mut self, answer: &'a mut Value) -> BoxFuture<'a, Result<(), Error>> {
+        for choice in answer["choices"].as_array_mut().into_iter().flatten() {
+            let mut filter = self.filter();
             let Some(text) = choice_text_mut(choice) else {
                 continue;
             };
@@ -254,89 +306,18 @@ pub fn filter_output(
                 Err(stop) => {
                     text.clear();
                     choice["finish_reason"] = "content_filter".into();
-                    auditor.stopped(stop);
+                    self.auditor.stopped(stop);
                 }
             }
         }
-        Ok(serde_json::to_vec(&v).expect("JSON serialises").into())
-    });
-    Response::from_parts(parts, Body::from_stream(body))
-}
-
-/// An SSE answer's events, each choice's text through its own filter; a stopped choice ends
-/// the stream with `finish_reason: content_filter` and `[DONE]`.
-fn filter_stream(
-    body: Body,
-    new_filter: impl Fn() -> OutputFilter + Send + 'static,
-    auditor: Auditor,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send {
-    let mut events = body.into_data_stream().eventsource();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
-    tokio::spawn(async move {
-        let mut filters: BTreeMap<u64, OutputFilter> = BTreeMap::new();
-        while let Some(Ok(event)) = events.next().await {
-            let Ok(mut v) = serde_json::from_str::<Value>(&event.data) else {
-                // `[DONE]`, or anything else that is not a chunk: as it is.
-                if tx.send(data(&event.data)).await.is_err() {
-                    return;
-                }
-                continue;
-            };
-            let mut stop = None;
-            let mut worth_sending = v
-                .get("choices")
-                .is_none_or(|c| c.as_array().is_none_or(Vec::is_empty));
-            for choice in v["choices"].as_array_mut().into_iter().flatten() {
-                let index = choice["index"].as_u64().unwrap_or(0);
-                let filter = filters.entry(index).or_insert_with(&new_filter);
-                let finishing = !choice["finish_reason"].is_null();
-                let text = choice_text_mut(choice)
-                    .map(std::mem::take)
-                    .unwrap_or_default();
-                let mut out = filter.push(&text);
-                if finishing && let Ok(released) = &mut out {
-                    match filter.finish() {
-                        Ok(rest) => released.push_str(&rest),
-                        Err(s) => out = Err(s),
-                    }
-                }
-                match out {
-                    Ok(released) => {
-                        worth_sending |=
-                            finishing || !released.is_empty() || has_more_than_text(choice);
-                        if !released.is_empty() || choice_text_mut(choice).is_some() {
-                            set_choice_text(choice, released);
-                        }
-                    }
-                    Err(s) => {
-                        choice["finish_reason"] = "content_filter".into();
-                        stop = Some(s);
-                        worth_sending = true;
-                    }
-                }
-            }
-            if worth_sending && tx.send(data(&v.to_string())).await.is_err() {
-                return;
-            }
-            if let Some(s) = stop {
-                auditor.stopped(s);
-                let _ = tx.send(data("[DONE]")).await;
-                // Dropping the answer's body cancels its generation.
-                return;
-            }
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok)
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// Whether a chunk's choice carries something besides its text (a role, tool calls).
 fn has_more_than_text(choice: &Value) -> bool {
     let delta = &choice["delta"];
     !delta["role"].is_null() || !delta["tool_calls"].is_null()
-}
-
-fn data(payload: &str) -> Bytes {
-    format!("data: {payload}\n\n").into()
 }
 
 /// The strings of a message content or a prompt: a string, text parts, or a list of strings.

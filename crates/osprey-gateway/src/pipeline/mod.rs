@@ -7,8 +7,9 @@
 //! ([`crate::prompts`]), memory ([`crate::context`]), cache lookup ([`crate::cache`] and
 //! [`crate::semantic_cache`]), the degradation ladder ([`crate::degrade`]), route
 //! ([`crate::auto`]) and backend ([`dispatch`]: an upstream and its fallbacks, a worker
-//! pool, or the local engine through [`Routed::serve_locally`]). On the way out: guard-out,
-//! cache keep, turn keep, citations and the prompt's version, then the recent answers.
+//! pool, or the local engine through [`Routed::serve_locally`]). On the way out, one chain
+//! ([`crate::outbound`]) in one task: guard-out, cache keep, turn keep, citations and the
+//! request log's text; then the marks of what went in, and the recent answers.
 //!
 //! Internal callers (summaries, the agent loop) go through [`own`], not through a route.
 
@@ -26,6 +27,8 @@ use osprey_engine::Prompter;
 use crate::edge::{Admitted, Caller, UsageReport};
 use crate::error::ApiError;
 use crate::flags::TenantFlags;
+use crate::outbound::Outbound;
+use crate::request_log::{LogText, Noted};
 use crate::state::AppState;
 
 pub use own::{chat_answer, complete_chat};
@@ -105,23 +108,26 @@ pub async fn run<R: Routed>(
     let applied = stages::prompt(state, &mut p, &asked).await?;
     let mut context = stages::memory(state, &mut p, &asked).await?;
     let lookup = Lookup::new(state, &p, context.as_ref()).await;
-    let mut response = match lookup.replay(&p) {
+    let mut out = Outbound::default();
+    let response = match lookup.replay(&p) {
         Some(response) => response,
-        None => {
-            let response = match stages::backend::<R>(state, &mut p, recent.as_ref()).await? {
-                stages::Answer::Fresh(response) => response,
-                stages::Answer::Recent(response) => return Ok(response),
-            };
-            let response = stages::guard_out(response, guard);
-            lookup.keep(p.level, response).await
-        }
+        None => match stages::backend::<R>(state, &mut p, recent.as_ref()).await? {
+            stages::Answer::Fresh(response) => {
+                out.push_some(stages::guard_out(guard));
+                out.push_some(lookup.keeper(p.level));
+                response
+            }
+            stages::Answer::Recent(response) => return Ok(logged(state, &p, response).await),
+        },
     };
-    let mut noted = crate::request_log::Noted::default();
+    out.push_some(context.as_mut().and_then(|c| c.turn.take()));
+    out.push_some(retrieved);
+    out.push_some(log_text(state, &p));
+    let mut response = out.apply(response).await;
+    let mut noted = Noted::default();
     if let Some(context) = context.as_mut() {
-        response = context.keep(response, &mut noted).await;
-    }
-    if let Some(retrieved) = retrieved {
-        response = retrieved.cite(response).await;
+        context.mark(&mut response);
+        context.note(&mut noted);
     }
     if let Some(applied) = &applied {
         applied.mark(&mut response);
@@ -132,4 +138,17 @@ pub async fn run<R: Routed>(
         Some(key) => state.recent().keep(key, response).await,
         None => response,
     })
+}
+
+/// The request log's step, when the request's text is sampled.
+fn log_text(state: &AppState, p: &Prepared) -> Option<LogText> {
+    state.request_log()?;
+    LogText::new(p.admitted.caller.record.clone())
+}
+
+/// `response`, given again as it is, with its text noted for the request log.
+async fn logged(state: &AppState, p: &Prepared, response: Response) -> Response {
+    let mut out = Outbound::default();
+    out.push_some(log_text(state, p));
+    out.apply(response).await
 }

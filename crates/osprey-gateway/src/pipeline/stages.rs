@@ -12,14 +12,14 @@ use tracing::Instrument;
 
 use super::{Prepared, Routed, dispatch};
 use crate::auto;
-use crate::cache::ResponseCache;
+use crate::cache::{CacheKeep, ResponseCache};
 use crate::context::Context;
 use crate::degrade::{DEGRADED, DEGRADED_MAX_TOKENS, DEGRADED_PARTIAL_MAX_TOKENS};
 use crate::error::ApiError;
 use crate::prompts::Applied;
 use crate::rag::Retrieved;
 use crate::replay::{self, Key};
-use crate::safety::Auditor;
+use crate::safety::{Auditor, GuardOut};
 use crate::semantic_cache::Similar;
 use crate::state::AppState;
 use crate::upstream::{ROUTE_REASON, warrants_fallback};
@@ -185,9 +185,9 @@ impl Lookup {
             .similar(self.similar.as_ref()?, streamed, usage)
     }
 
-    /// Cache keep: keeps `response` under the request's key as it passes. A degraded answer
+    /// Cache keep: the step keeping the answer under the request's key. A degraded answer
     /// (capped, a smaller tier) is not the answer to the request as asked, and is not kept.
-    pub(super) async fn keep(self, level: u8, response: Response) -> Response {
+    pub(super) fn keeper(self, level: u8) -> Option<CacheKeep> {
         match (self.cache, self.key) {
             (Some(cache), Some(key)) if level == 0 => {
                 let slot = crate::cache::Slot {
@@ -195,9 +195,9 @@ impl Lookup {
                     owner: self.owner,
                     similar: self.similar,
                 };
-                cache.keep(slot, response).await
+                Some(CacheKeep::new(cache, slot))
             }
-            _ => response,
+            _ => None,
         }
     }
 }
@@ -306,11 +306,9 @@ fn degraded(response: &mut Response, level: u8) {
     }
 }
 
-/// Guard-out: the answer filtered by the policy's output rules, with what guard-in redacted
-/// put back (when the policy says so).
-pub(super) fn guard_out(response: Response, guard: Option<Guard>) -> Response {
-    match guard {
-        Some(g) => crate::safety::filter_output(response, &g.pipeline, g.restore, &g.auditor),
-        None => response,
-    }
+/// Guard-out: the step filtering the answer by the policy's output rules, with what guard-in
+/// redacted put back (when the policy says so).
+pub(super) fn guard_out(guard: Option<Guard>) -> Option<GuardOut> {
+    let g = guard?;
+    GuardOut::new(&g.pipeline, g.restore, g.auditor)
 }

@@ -188,7 +188,7 @@ pub(crate) async fn generate_for(
         let entry =
             crate::request_log::entry(&caller, (endpoint, model), id, started, &mut response);
         let log = log.clone();
-        response = crate::request_log::attach(log, entry, caller, usage, started, response);
+        response = crate::request_log::attach(log, entry, caller, usage, started, response).await;
     }
     response
 }
