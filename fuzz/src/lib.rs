@@ -71,7 +71,7 @@ pub fn request_json(data: &[u8]) {
 }
 
 /// An upstream's streamed answer, cut into chunks at the sizes the first byte picks, relayed by
-/// [`osprey_gateway::upstream::Upstream`] (which meters usage from it) and read event by event
+/// [`osprey_router::upstream::Upstream`] (which meters usage from it) and read event by event
 /// as the gateway's way out does ([`osprey_gateway::outbound`]).
 pub fn upstream_sse(data: &[u8]) {
     let Some((&first, rest)) = data.split_first() else {
@@ -85,10 +85,10 @@ pub fn upstream_sse(data: &[u8]) {
         let config: osprey_gateway::config::UpstreamConfig =
             serde_json::from_value(serde_json::json!({"url": url, "max_retries": 0}))
                 .expect("an upstream config");
-        let client = osprey_gateway::upstream::http_client();
-        let upstream = osprey_gateway::upstream::Upstream::new("fuzz", &config, client)
+        let client = osprey_router::upstream::http_client();
+        let upstream = osprey_router::upstream::Upstream::new("fuzz", &config, client)
             .expect("a valid upstream");
-        let usage = Arc::new(osprey_gateway::edge::UsageReport::default());
+        let usage = Arc::new(osprey_core::UsageReport::default());
         let request = Bytes::from_static(br#"{"model": "fuzz", "messages": [], "stream": true}"#);
         let request = JsonBody::parse(request).expect("a JSON object");
         let Ok(response) = upstream.forward("chat/completions", &request, usage).await else {

@@ -25,6 +25,24 @@ pub enum ErrorKind {
     GatewayTimeout,
 }
 
+impl ErrorKind {
+    /// The HTTP status and OpenAI error `type` of this kind.
+    pub fn status_and_type(self) -> (u16, &'static str) {
+        match self {
+            Self::InvalidRequest => (400, "invalid_request_error"),
+            Self::PayloadTooLarge => (413, "invalid_request_error"),
+            Self::NotFound => (404, "invalid_request_error"),
+            Self::Unauthorized => (401, "authentication_error"),
+            Self::Forbidden => (403, "permission_error"),
+            Self::RateLimited => (429, "rate_limit_error"),
+            Self::Unavailable => (503, "server_error"),
+            Self::Internal => (500, "server_error"),
+            Self::BadGateway => (502, "server_error"),
+            Self::GatewayTimeout => (504, "server_error"),
+        }
+    }
+}
+
 /// A failure with a message for the caller, in OpenAI's terms.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{message}")]
@@ -50,6 +68,18 @@ impl Error {
             param: None,
             code: None,
             retry_after: None,
+        }
+    }
+
+    /// The error as OpenAI's envelope, `{"error": {...}}`.
+    pub fn envelope(&self) -> crate::api::ErrorResponse {
+        crate::api::ErrorResponse {
+            error: crate::api::ErrorBody {
+                message: self.message.clone(),
+                kind: self.kind.status_and_type().1.to_owned(),
+                param: self.param.clone(),
+                code: self.code.clone(),
+            },
         }
     }
 

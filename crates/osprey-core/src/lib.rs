@@ -25,7 +25,9 @@ pub mod grammar;
 pub mod metrics;
 pub mod sampling;
 pub mod tokens;
+pub mod usage;
 
 pub use error::{Error, ErrorKind};
 pub use grammar::Grammar;
 pub use sampling::{FinishReason, Priority, SamplingParams};
+pub use usage::UsageReport;

@@ -17,7 +17,7 @@ use osprey_router::tiers::{Asks, Tiers};
 use serde_json::Value;
 
 use crate::edge::Caller;
-use crate::upstream::ROUTE_REASON;
+use osprey_router::upstream::ROUTE_REASON;
 
 /// The model name that asks the router to choose.
 pub const AUTO: &str = "auto";

@@ -8,6 +8,9 @@ use osprey_core::Priority;
 use osprey_policy::pipeline::PolicyConfig;
 use serde::Deserialize;
 
+/// `[models.NAME]`: a model served by an OpenAI-compatible upstream.
+pub use osprey_router::upstream::UpstreamConfig;
+
 /// The config file as TOML gives it: its tables, and its top-level keys (the flags of
 /// `osprey serve`, by their long names) left as values for the binary to turn into arguments.
 #[derive(Debug, Default, Deserialize)]
@@ -115,27 +118,6 @@ impl Default for AdmissionConfig {
             batch_share: 0.75,
         }
     }
-}
-
-/// A model served by an OpenAI-compatible upstream (vLLM, SGLang, TGI, llama-server, a hosted
-/// API).
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct UpstreamConfig {
-    /// Base URL including `/v1`, e.g. `http://10.0.0.5:8000/v1`.
-    pub url: String,
-    /// Environment variable holding the upstream's API key, sent as `Authorization: Bearer`.
-    pub api_key_env: Option<String>,
-    /// The model name the upstream knows it by (default: the name served here).
-    pub model: Option<String>,
-    /// Seconds to wait for the upstream's response to start.
-    pub timeout_secs: Option<f64>,
-    /// Retries of a request the upstream failed before answering (unreachable, 502/503/504),
-    /// within the retry budget; default 2.
-    pub max_retries: Option<u32>,
-    /// Upstream models to try, in order, when this one fails, times out or is cut off by its
-    /// circuit breaker before answering.
-    pub fallbacks: Option<Vec<String>>,
 }
 
 /// One tier of `"model": "auto"` (`[[tiers]]` in the config file, smallest first).

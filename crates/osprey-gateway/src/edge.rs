@@ -9,7 +9,6 @@
 //! places are given back and the token charge is corrected to the actual usage.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use axum::body::Body;
@@ -20,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use osprey_core::api::JsonBody;
 use osprey_core::metrics as names;
-use osprey_core::{Error, ErrorKind, Priority};
+use osprey_core::{Error, ErrorKind, Priority, UsageReport};
 use osprey_store::KeyRecord;
 use serde::Deserialize;
 
@@ -105,41 +104,6 @@ pub struct EdgeLayer {
     pub app: AppState,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
-}
-
-/// The actual token usage of a request, filled in by whoever served it.
-#[derive(Debug, Default)]
-pub struct UsageReport {
-    prompt: AtomicU64,
-    completion: AtomicU64,
-    known: AtomicBool,
-    prompt_known: AtomicBool,
-}
-
-impl UsageReport {
-    /// Records the usage.
-    pub fn set(&self, prompt: u64, completion: u64) {
-        self.prompt.store(prompt, Ordering::Relaxed);
-        self.completion.store(completion, Ordering::Relaxed);
-        self.prompt_known.store(true, Ordering::Relaxed);
-        self.known.store(true, Ordering::Relaxed);
-    }
-
-    /// `(prompt, completion)` tokens as far as they are known.
-    pub fn tokens(&self) -> (Option<u64>, Option<u64>) {
-        let known = self.known.load(Ordering::Relaxed);
-        let prompt = self.prompt_known.load(Ordering::Relaxed);
-        (
-            prompt.then(|| self.prompt.load(Ordering::Relaxed)),
-            known.then(|| self.completion.load(Ordering::Relaxed)),
-        )
-    }
-
-    /// Records completion tokens only (the prompt's count is not known).
-    pub fn set_completion_only(&self, completion: u64) {
-        self.completion.store(completion, Ordering::Relaxed);
-        self.known.store(true, Ordering::Relaxed);
-    }
 }
 
 /// The edge's parts, shared by all requests.
@@ -541,16 +505,10 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let u = &self.usage;
-        if !u.known.load(Ordering::Relaxed) {
+        let (prompt, Some(completion)) = self.usage.tokens() else {
             return;
-        }
-        let prompt = if u.prompt_known.load(Ordering::Relaxed) {
-            u.prompt.load(Ordering::Relaxed)
-        } else {
-            self.prompt_estimate
         };
-        let actual = prompt + u.completion.load(Ordering::Relaxed);
+        let actual = prompt.unwrap_or(self.prompt_estimate) + completion;
         let delta = actual as i64 - self.charged as i64;
         let corrections = self.token_buckets.drain(..).map(|b| (b, delta)).collect();
         self.limiter.settle(corrections);

@@ -4,7 +4,6 @@
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use osprey_core::api::{ErrorBody, ErrorResponse};
 use osprey_core::{Error, ErrorKind};
 
 /// An [`Error`] on its way to the client.
@@ -33,37 +32,14 @@ pub fn store_error(e: osprey_store::StoreError) -> Error {
     }
 }
 
-/// The status and OpenAI `type` of each error kind.
-fn classify(kind: ErrorKind) -> (StatusCode, &'static str) {
-    match kind {
-        ErrorKind::InvalidRequest => (StatusCode::BAD_REQUEST, "invalid_request_error"),
-        ErrorKind::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error"),
-        ErrorKind::NotFound => (StatusCode::NOT_FOUND, "invalid_request_error"),
-        ErrorKind::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error"),
-        ErrorKind::Forbidden => (StatusCode::FORBIDDEN, "permission_error"),
-        ErrorKind::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
-        ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
-        ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
-        ErrorKind::BadGateway => (StatusCode::BAD_GATEWAY, "server_error"),
-        ErrorKind::GatewayTimeout => (StatusCode::GATEWAY_TIMEOUT, "server_error"),
-    }
-}
-
-/// The envelope `{"error": {...}}` for `e`.
-pub fn error_body(e: &Error) -> ErrorResponse {
-    ErrorResponse {
-        error: ErrorBody {
-            message: e.message.clone(),
-            kind: classify(e.kind).1.to_owned(),
-            param: e.param.clone(),
-            code: e.code.clone(),
-        },
-    }
+/// The HTTP status of `kind`.
+fn status(kind: ErrorKind) -> StatusCode {
+    StatusCode::from_u16(kind.status_and_type().0).expect("a valid status")
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, _) = classify(self.0.kind);
+        let status = status(self.0.kind);
         if status == StatusCode::SERVICE_UNAVAILABLE {
             tracing::warn!(error = %self.0.message, "request turned away");
         } else if status.is_server_error() {
@@ -71,7 +47,7 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = status.as_u16(), error = %self.0.message, "request rejected");
         }
-        let mut response = (status, axum::Json(error_body(&self.0))).into_response();
+        let mut response = (status, axum::Json(self.0.envelope())).into_response();
         if let Some(secs) = self.0.retry_after {
             response
                 .headers_mut()

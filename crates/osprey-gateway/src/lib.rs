@@ -81,8 +81,6 @@ pub mod state;
 pub mod summarize;
 pub mod telemetry;
 pub mod tls;
-pub mod upstream;
-pub mod workers;
 
 pub use routes::{HttpConfig, router, worker_router};
 pub use state::AppState;

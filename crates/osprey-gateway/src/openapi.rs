@@ -9,7 +9,7 @@
 //! What it covers is [`crate::router`], the gateway: everything a client or an operator calls.
 //! The routes only `osprey worker` serves ([`crate::worker_router`]: `/worker/load` and
 //! `/worker/events`) are left out: they are a protocol between Osprey's own processes
-//! ([`crate::workers::protocol`]), not an API anyone else should build on.
+//! ([`osprey_router::workers::protocol`]), not an API anyone else should build on.
 //!
 //! Conventions:
 //! - every error is OpenAI's envelope `{"error": {"message", "type", "param", "code"}}`

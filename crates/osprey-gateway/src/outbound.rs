@@ -180,7 +180,7 @@ async fn end(steps: &mut [Box<dyn Step>], tx: &mpsc::Sender<Bytes>) {
             Ok(Some(chunk)) => chunk.to_string(),
             Ok(None) => continue,
             Err(e) => {
-                let error = serde_json::to_string(&crate::error::error_body(&e));
+                let error = serde_json::to_string(&e.envelope());
                 let _ = tx.send(data(&error.unwrap_or_default())).await;
                 return;
             }

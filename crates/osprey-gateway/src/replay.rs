@@ -60,7 +60,7 @@ pub fn idempotency_key(
     path: &str,
     body: &JsonBody,
 ) -> Option<Key> {
-    let id = [IDEMPOTENCY_KEY, crate::upstream::REQUEST_ID]
+    let id = [IDEMPOTENCY_KEY, osprey_router::upstream::REQUEST_ID]
         .iter()
         .find_map(|h| headers.get(*h)?.to_str().ok())
         .filter(|id| !id.is_empty())?;

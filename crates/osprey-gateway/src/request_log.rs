@@ -153,13 +153,13 @@ pub fn entry(
     response: &mut Response,
 ) -> RequestLogEntry {
     let headers = response.headers_mut();
-    let id = match headers.get(crate::upstream::REQUEST_ID) {
+    let id = match headers.get(osprey_router::upstream::REQUEST_ID) {
         Some(id) => id.to_str().unwrap_or_default().to_owned(),
         None => {
             let id = request_id
                 .cloned()
                 .unwrap_or_else(crate::telemetry::request_id);
-            headers.insert(crate::upstream::REQUEST_ID, id.clone());
+            headers.insert(osprey_router::upstream::REQUEST_ID, id.clone());
             id.to_str().unwrap_or_default().to_owned()
         }
     };
@@ -169,10 +169,10 @@ pub fn entry(
             .map(str::to_owned)
     };
     let cache = header(crate::replay::CACHE);
-    let served = header(crate::upstream::SERVED_BY);
+    let served = header(osprey_router::upstream::SERVED_BY);
     let mut detail = serde_json::Map::new();
     for (key, name) in [
-        ("worker", crate::workers::SERVED_BY_WORKER),
+        ("worker", osprey_router::workers::SERVED_BY_WORKER),
         ("degraded", crate::degrade::DEGRADED),
         ("rag", crate::rag::RAG_HEADER),
         ("memory", crate::context::MEMORY_HEADER),
@@ -183,7 +183,7 @@ pub fn entry(
     }
     let (tier, route_reason) = (
         header(crate::auto::TIER),
-        header(crate::upstream::ROUTE_REASON),
+        header(osprey_router::upstream::ROUTE_REASON),
     );
     let noted = response
         .extensions()
@@ -219,7 +219,7 @@ pub fn entry(
 pub fn finish(
     mut entry: RequestLogEntry,
     caller: &Caller,
-    usage: &crate::edge::UsageReport,
+    usage: &osprey_core::UsageReport,
     started: Instant,
 ) -> RequestLogEntry {
     let (prompt, completion) = usage.tokens();
@@ -254,7 +254,7 @@ pub async fn attach(
     log: RequestLog,
     entry: RequestLogEntry,
     caller: Caller,
-    usage: std::sync::Arc<crate::edge::UsageReport>,
+    usage: std::sync::Arc<osprey_core::UsageReport>,
     started: Instant,
     response: Response,
 ) -> Response {

@@ -12,9 +12,9 @@ use crate::degrade::Degradation;
 use crate::edge::Edge;
 use crate::replay::Answers;
 use crate::safety::{Abuse, Policies};
-use crate::upstream::Upstream;
-use crate::workers::WorkerPool;
 use osprey_router::tiers::Tiers;
+use osprey_router::upstream::Upstream;
+use osprey_router::workers::WorkerPool;
 use osprey_store::Store;
 use tokio::sync::Notify;
 

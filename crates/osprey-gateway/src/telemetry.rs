@@ -18,7 +18,7 @@ use opentelemetry::trace::TraceContextExt;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::upstream::REQUEST_ID;
+use osprey_router::upstream::REQUEST_ID;
 
 struct HeaderExtractor<'a>(&'a HeaderMap);
 
@@ -52,12 +52,21 @@ tokio::task_local! {
 pub fn request_id() -> HeaderValue {
     REQUEST
         .try_with(HeaderValue::clone)
-        .unwrap_or_else(|_| crate::upstream::new_request_id())
+        .unwrap_or_else(|_| osprey_router::upstream::new_request_id())
+}
+
+/// What a request this one makes to a backend carries: this request's id (`x-request-id`) and
+/// the current trace context.
+pub fn outgoing() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(osprey_router::upstream::REQUEST_ID, request_id());
+    inject(&mut headers);
+    headers
 }
 
 /// Puts the current span's trace context into `headers` (`traceparent`), for a request this
 /// one makes.
-pub fn inject(headers: &mut HeaderMap) {
+fn inject(headers: &mut HeaderMap) {
     let cx = tracing::Span::current().context();
     opentelemetry::global::get_text_map_propagator(|p| {
         p.inject_context(&cx, &mut HeaderInjector(headers))
@@ -80,8 +89,8 @@ pub async fn trace(req: Request, next: Next) -> Response {
         .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
     // A new id goes on the span and the response only: an `x-request-id` on the request is the
     // caller's, and makes a non-streamed request idempotent (`replay::idempotency_key`).
-    let id =
-        (req.headers().get(REQUEST_ID).cloned()).unwrap_or_else(crate::upstream::new_request_id);
+    let id = (req.headers().get(REQUEST_ID).cloned())
+        .unwrap_or_else(osprey_router::upstream::new_request_id);
     let span = tracing::info_span!(
         "request",
         otel.name = format!("{} {route}", req.method()),

@@ -76,7 +76,7 @@ async fn post_stream(base: &str, path: &str, body: Value) -> Vec<String> {
 async fn a_failing_upstream_falls_back_to_the_local_engine() {
     use osprey_gateway::config::UpstreamConfig;
     use osprey_gateway::edge::Edge;
-    use osprey_gateway::upstream::{Upstream, check_fallbacks, http_client};
+    use osprey_router::upstream::{Upstream, check_fallbacks, http_client};
     // A port nothing listens on: bound, then dropped.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -121,8 +121,8 @@ async fn two_tiers(
 ) -> String {
     use osprey_gateway::config::UpstreamConfig;
     use osprey_gateway::edge::Edge;
-    use osprey_gateway::upstream::{Upstream, http_client};
     use osprey_router::tiers::Tier;
+    use osprey_router::upstream::{Upstream, http_client};
     let config = UpstreamConfig {
         url: format!("{large_url}/v1"),
         api_key_env: None,

@@ -381,7 +381,7 @@ async fn the_admin_api_needs_the_admin_key() {
 
 #[tokio::test]
 async fn a_stopping_gateway_finishes_the_answer_in_flight_and_logs_it() {
-    use osprey_gateway::upstream::{Upstream, http_client};
+    use osprey_router::upstream::{Upstream, http_client};
     use tokio::sync::{Notify, mpsc, oneshot};
 
     // An upstream that says when a request arrived and answers when released.

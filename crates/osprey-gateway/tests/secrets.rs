@@ -9,8 +9,8 @@ use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{EdgeConfig, UpstreamConfig};
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
-use osprey_gateway::upstream::{Upstream, http_client};
 use osprey_gateway::{AppState, HttpConfig};
+use osprey_router::upstream::{Upstream, http_client};
 use reqwest::Method;
 use serde_json::{Value, json};
 

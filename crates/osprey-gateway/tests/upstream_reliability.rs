@@ -143,7 +143,7 @@ async fn a_failing_model_falls_back_in_order_and_says_so() {
     use osprey_gateway::config::{EdgeConfig, UpstreamConfig};
     use osprey_gateway::edge::Edge;
     use osprey_gateway::limits::RateLimiter;
-    use osprey_gateway::upstream::{Upstream, check_fallbacks, http_client};
+    use osprey_router::upstream::{Upstream, check_fallbacks, http_client};
 
     let (down, down_seen) = flaky_upstream(usize::MAX).await;
     let (up, up_seen) = flaky_upstream(0).await;
@@ -222,7 +222,7 @@ async fn a_failed_request_answered_before_gets_that_answer() {
 #[test]
 fn a_fallback_must_be_another_served_model() {
     use osprey_gateway::config::UpstreamConfig;
-    use osprey_gateway::upstream::{Upstream, check_fallbacks, http_client};
+    use osprey_router::upstream::{Upstream, check_fallbacks, http_client};
     let config = |fallbacks: &[&str]| UpstreamConfig {
         url: "http://127.0.0.1:1/v1".into(),
         api_key_env: None,

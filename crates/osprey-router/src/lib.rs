@@ -22,6 +22,12 @@
 //! - [`tiers::Tiers`]: the tier a task starts at, escalated when unsure or asked for quality.
 //!
 //! And under load, [`degrade::Ladder`]: quality given up in steps, premium tenants last.
+//!
+//! And the backends these choose among, as clients of the gateway's:
+//! - [`upstream::Upstream`]: an OpenAI-compatible server (vLLM, SGLang, llama-server, a
+//!   hosted API), behind its own breaker and retry budget;
+//! - [`workers::WorkerPool`]: `osprey worker`s serving one model, followed through their event
+//!   streams and chosen among by cached prefix and load.
 
 pub mod breaker;
 pub mod classifier;
@@ -31,3 +37,5 @@ pub mod retry;
 pub mod select;
 pub mod sent_blocks;
 pub mod tiers;
+pub mod upstream;
+pub mod workers;

@@ -204,7 +204,7 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
     argv.extend(file.args(|_| false)?);
     let args = parse_serve(&argv).map_err(|e| file.explain(e))?;
     let edge = crate::serve::edge_config(&args, &file);
-    let client = osprey_gateway::upstream::http_client();
+    let client = osprey_router::upstream::http_client();
     let at_model = |name: &str, e: String| {
         let line = file
             .text
@@ -219,18 +219,18 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
     let mut upstreams = Vec::new();
     for (name, model) in &file.models {
         upstreams.push(
-            osprey_gateway::upstream::Upstream::new(name, model, client.clone())
+            osprey_router::upstream::Upstream::new(name, model, client.clone())
                 .map_err(|e| at_model(name, e))?,
         );
     }
     for (name, model) in crate::serve::upstreams_from_flags(&args.upstream)? {
         upstreams.push(
-            osprey_gateway::upstream::Upstream::new(&name, &model, client.clone())
+            osprey_router::upstream::Upstream::new(&name, &model, client.clone())
                 .map_err(anyhow::Error::msg)?,
         );
     }
     let local = crate::serve::local_model_name(&args);
-    osprey_gateway::upstream::check_fallbacks(&upstreams, local.as_deref())
+    osprey_router::upstream::check_fallbacks(&upstreams, local.as_deref())
         .map_err(|(name, why)| at_model(&name, why))?;
     let floor = args.auto_min_logprob;
     crate::serve::tiers(

@@ -13,12 +13,12 @@ use osprey_gateway::config::{AdmissionConfig, DefaultLimits, EdgeConfig, Upstrea
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::shared_redis::SharedRedis;
-use osprey_gateway::upstream::Upstream;
-use osprey_gateway::workers::WorkerPool;
 use osprey_gateway::{AppState, HttpConfig};
 use osprey_models::DEFAULT_MODEL;
 use osprey_router::select::Policy;
 use osprey_router::tiers::{Tier, Tiers};
+use osprey_router::upstream::Upstream;
+use osprey_router::workers::WorkerPool;
 use osprey_store::Store;
 
 use crate::cli::{EngineArgs, ServeArgs};
@@ -277,7 +277,7 @@ async fn serve(
     file: ConfigFile,
     local: Option<(PathBuf, String)>,
 ) -> anyhow::Result<()> {
-    let client = osprey_gateway::upstream::http_client();
+    let client = osprey_router::upstream::http_client();
     let mut upstreams = Vec::new();
     let flagged = upstreams_from_flags(&args.upstream)?;
     for (name, config) in file
@@ -289,7 +289,7 @@ async fn serve(
         upstreams.push(Upstream::new(&name, &config, client.clone()).map_err(anyhow::Error::msg)?);
     }
     let local_name = local.as_ref().map(|(_, name)| name.as_str());
-    osprey_gateway::upstream::check_fallbacks(&upstreams, local_name)
+    osprey_router::upstream::check_fallbacks(&upstreams, local_name)
         .map_err(|(_, why)| anyhow::anyhow!(why))?;
     let tiers = tiers(
         &file,

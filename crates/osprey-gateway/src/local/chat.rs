@@ -15,11 +15,12 @@ use osprey_engine::tools::{self, ToolCallParser, ToolEvent};
 use osprey_engine::{Engine, GenerateRequest, Prompter};
 
 use super::generation::{Deltas, RequestTimer, chat_logprob, merge, start_choices};
-use crate::edge::{Caller, UsageReport};
+use crate::edge::Caller;
 use crate::error::ApiError;
 use crate::pipeline::Routed;
 use crate::sse::{FINGERPRINT, async_stream, done_event, json_event, new_id, stream_response};
 use crate::state::{AppState, unix_now};
+use osprey_core::UsageReport;
 
 /// Chat completion on the local engine, streamed or not.
 pub async fn chat_completions(
@@ -235,7 +236,7 @@ impl ChatContext {
                     Ok(d) => d,
                     Err(e) => {
                         self.timer.note(|n| n.error = Some(e.message.clone()));
-                        tx.send(json_event(&crate::error::error_body(&e))).await?;
+                        tx.send(json_event(&e.envelope())).await?;
                         return Ok(());
                     }
                 };

@@ -12,11 +12,12 @@ use osprey_core::{Error, FinishReason};
 use osprey_engine::{Delta, Engine, GenerateRequest, Prompter};
 
 use super::generation::{CompletionLogprobsBuilder, Deltas, RequestTimer, merge, start_choices};
-use crate::edge::{Caller, UsageReport};
+use crate::edge::Caller;
 use crate::error::ApiError;
 use crate::pipeline::Routed;
 use crate::sse::{FINGERPRINT, async_stream, done_event, json_event, new_id, stream_response};
 use crate::state::{AppState, unix_now};
+use osprey_core::UsageReport;
 
 /// One prompt of the request, tokenized.
 struct PromptInfo {
@@ -254,7 +255,7 @@ impl CompletionContext {
                     Ok(d) => d,
                     Err(e) => {
                         self.timer.note(|n| n.error = Some(e.message.clone()));
-                        tx.send(json_event(&crate::error::error_body(&e))).await?;
+                        tx.send(json_event(&e.envelope())).await?;
                         return Ok(());
                     }
                 };

@@ -54,7 +54,7 @@ pub fn merge(choices: Vec<(usize, Generation)>) -> Deltas {
 /// Latency metrics of one request: time to first token, time per output token, end to end,
 /// labelled by model and priority.
 pub struct RequestTimer {
-    usage: std::sync::Arc<crate::edge::UsageReport>,
+    usage: std::sync::Arc<osprey_core::UsageReport>,
     /// Where the time to first token also goes (the degradation ladder watches it).
     ladder: Option<std::sync::Arc<crate::degrade::Degradation>>,
     /// The request's record, which gets every token's time.
@@ -75,7 +75,7 @@ impl RequestTimer {
     pub fn new(
         model: &str,
         priority: Priority,
-        usage: std::sync::Arc<crate::edge::UsageReport>,
+        usage: std::sync::Arc<osprey_core::UsageReport>,
     ) -> Self {
         Self {
             usage,

@@ -9,11 +9,12 @@ use osprey_core::api::JsonBody;
 
 use super::Routed;
 use crate::auto;
-use crate::edge::{Admitted, Caller, UsageReport};
+use crate::edge::{Admitted, Caller};
 use crate::error::ApiError;
 use crate::replay;
 use crate::state::{AppState, Backend};
-use crate::upstream::{ROUTE_REASON, SERVED_BY, Upstream, warrants_fallback};
+use osprey_core::UsageReport;
+use osprey_router::upstream::{ROUTE_REASON, SERVED_BY, Upstream, warrants_fallback};
 
 /// Sends an `auto` request to its tier; with an answer check, asks for logprobs and, when the
 /// answer's mean token logprob is below the floor, asks the tier above instead (`routed` then
@@ -88,7 +89,11 @@ pub(super) async fn dispatch<R: Routed>(
     let mut response = match state.backend(request.model()) {
         Ok(Backend::Pool(pool)) => {
             let prompt = request.prompt_tokens(pool.prompter())?;
-            pool.forward(path, &body, &prompt, &caller, usage).await?
+            let tenant = &caller.tenant;
+            let sent = (tenant.cache_salt.as_str(), tenant.priority);
+            let headers = crate::telemetry::outgoing();
+            pool.forward((path, &body, &prompt), sent, usage, headers)
+                .await?
         }
         _ => {
             let served_by = (state.model_name()).and_then(|m| HeaderValue::from_str(m).ok());
@@ -123,7 +128,10 @@ async fn forward(
     body: &JsonBody,
     usage: &Arc<UsageReport>,
 ) -> Result<Forwarded, osprey_core::Error> {
-    let error = match upstream.forward(path, body, usage.clone()).await {
+    let error = match upstream
+        .forward_with(path, body, usage.clone(), crate::telemetry::outgoing())
+        .await
+    {
         Ok(response) => return Ok(Forwarded::Answered(response)),
         Err(e) if warrants_fallback(&e) => e,
         Err(e) => return Err(e),
@@ -152,7 +160,10 @@ async fn forward(
         };
         let mut renamed = body.clone();
         renamed.set_model(name);
-        match fallback.forward(path, &renamed, usage.clone()).await {
+        match fallback
+            .forward_with(path, &renamed, usage.clone(), crate::telemetry::outgoing())
+            .await
+        {
             Ok(mut response) => {
                 counted();
                 if let Ok(v) = HeaderValue::from_str(&why) {

@@ -24,12 +24,13 @@ use axum::response::Response;
 use osprey_core::api::JsonBody;
 use osprey_engine::Prompter;
 
-use crate::edge::{Admitted, Caller, UsageReport};
+use crate::edge::{Admitted, Caller};
 use crate::error::ApiError;
 use crate::flags::TenantFlags;
 use crate::outbound::Outbound;
 use crate::request_log::{LogText, Noted};
 use crate::state::AppState;
+use osprey_core::UsageReport;
 
 pub use own::{chat_answer, complete_chat};
 use stages::{Asked, Lookup};

@@ -22,8 +22,8 @@ use crate::replay::{self, Key};
 use crate::safety::{Auditor, GuardOut};
 use crate::semantic_cache::Similar;
 use crate::state::AppState;
-use crate::upstream::{ROUTE_REASON, warrants_fallback};
 use osprey_core::Error;
+use osprey_router::upstream::{ROUTE_REASON, warrants_fallback};
 
 /// What the body asks of the stages, read before any of them changes it.
 pub(super) struct Asked {

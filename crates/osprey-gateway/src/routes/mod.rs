@@ -184,7 +184,7 @@ pub(crate) async fn generate_for(
     };
     if let Some(log) = state.request_log() {
         let model = model.as_deref().unwrap_or_default();
-        let id = headers.get(crate::upstream::REQUEST_ID);
+        let id = headers.get(osprey_router::upstream::REQUEST_ID);
         let entry =
             crate::request_log::entry(&caller, (endpoint, model), id, started, &mut response);
         let log = log.clone();

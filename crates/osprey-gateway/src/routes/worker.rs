@@ -1,7 +1,7 @@
 //! The routes of `osprey worker`: the OpenAI generation routes without the edge (the gateway
 //! in front has authenticated, limited and admitted the request, and says in headers which
 //! tenant's cache and priority it runs under), plus the worker protocol
-//! ([`crate::workers::protocol`]).
+//! ([`osprey_router::workers::protocol`]).
 
 use std::sync::Arc;
 
@@ -20,7 +20,7 @@ use crate::edge::Admitted;
 use crate::error::ApiError;
 use crate::sse::{async_stream, stream_response};
 use crate::state::AppState;
-use crate::workers::protocol::{
+use osprey_router::workers::protocol::{
     CACHE_SALT, HEARTBEAT, KvBatch, LOAD_INTERVAL, Load, PRIORITY, Snapshot,
 };
 

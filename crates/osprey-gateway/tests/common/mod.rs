@@ -18,8 +18,8 @@ use osprey_gateway::config::{AdmissionConfig, EdgeConfig, TenantConfig, Upstream
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::shared_redis::SharedRedis;
-use osprey_gateway::upstream::{Upstream, http_client};
 use osprey_gateway::{AppState, HttpConfig};
+use osprey_router::upstream::{Upstream, http_client};
 use osprey_store::{NewKey, Store};
 use serde_json::{Value, json};
 

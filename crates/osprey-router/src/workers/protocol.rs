@@ -14,8 +14,8 @@
 
 use std::time::Duration;
 
+use crate::prefix_index::BlockHash;
 use osprey_engine::EngineStats;
-use osprey_router::prefix_index::BlockHash;
 use serde::{Deserialize, Serialize};
 
 /// The header carrying the tenant's cache salt to a worker.

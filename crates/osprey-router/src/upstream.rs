@@ -21,12 +21,32 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use osprey_core::api::{JsonBody, Usage};
 use osprey_core::metrics as names;
-use osprey_core::{Error, ErrorKind};
-use osprey_router::breaker::{BreakerConfig, BreakerState, CircuitBreaker, Outcome};
-use osprey_router::retry::{RetryBudget, RetryBudgetConfig, backoff};
+use osprey_core::{Error, ErrorKind, UsageReport};
+use serde::Deserialize;
 
-use crate::config::UpstreamConfig;
-use crate::edge::UsageReport;
+use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker, Outcome};
+use crate::retry::{RetryBudget, RetryBudgetConfig, backoff};
+
+/// A model served by an OpenAI-compatible upstream (vLLM, SGLang, TGI, llama-server, a hosted
+/// API), as configured (`[models.NAME]` in the config file, or `--upstream`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Base URL including `/v1`, e.g. `http://10.0.0.5:8000/v1`.
+    pub url: String,
+    /// Environment variable holding the upstream's API key, sent as `Authorization: Bearer`.
+    pub api_key_env: Option<String>,
+    /// The model name the upstream knows it by (default: the name served here).
+    pub model: Option<String>,
+    /// Seconds to wait for the upstream's response to start.
+    pub timeout_secs: Option<f64>,
+    /// Retries of a request the upstream failed before answering (unreachable, 502/503/504),
+    /// within the retry budget; default 2.
+    pub max_retries: Option<u32>,
+    /// Upstream models to try, in order, when this one fails, times out or is cut off by its
+    /// circuit breaker before answering.
+    pub fallbacks: Option<Vec<String>>,
+}
 
 /// One upstream model.
 #[derive(Clone, Debug)]
@@ -129,7 +149,7 @@ impl Upstream {
 
     /// Forwards `body` to `{url}/{path}` and relays the answer; the usage the upstream reports
     /// (or, for streams without one, a count of content chunks) goes to `usage` when the
-    /// response ends.
+    /// response ends. The request gets a new id ([`REQUEST_ID`]).
     pub async fn forward(
         &self,
         path: &str,
@@ -139,8 +159,9 @@ impl Upstream {
         self.forward_with(path, body, usage, HeaderMap::new()).await
     }
 
-    /// [`Self::forward`], sending `headers` too. A stream the upstream cuts off ends with an
-    /// error event (`upstream_disconnected`) rather than a broken connection.
+    /// [`Self::forward`], sending `headers` too (the request's id, if they hold one, and its
+    /// trace context). A stream the upstream cuts off ends with an error event
+    /// (`upstream_disconnected`) rather than a broken connection.
     pub async fn forward_with(
         &self,
         path: &str,
@@ -151,9 +172,8 @@ impl Upstream {
         // Every attempt carries the same id, so an upstream can tell a retry from a new request.
         let request_id = headers
             .entry(REQUEST_ID)
-            .or_insert_with(crate::telemetry::request_id)
+            .or_insert_with(new_request_id)
             .clone();
-        crate::telemetry::inject(&mut headers);
         // The body is written once here (or sent as it came), whatever the attempts.
         let body = match &self.remote_model {
             Some(remote) if remote != body.model() => {
@@ -400,7 +420,8 @@ pub const REQUEST_ID: &str = "x-request-id";
 /// Time first, so ids of later requests sort later: the request log's index of ids grows at
 /// its end instead of touching a random page of it per request.
 pub fn new_request_id() -> HeaderValue {
-    let ms = osprey_store::now_ms() as u64 & 0xffff_ffff_ffff;
+    let since_epoch = std::time::UNIX_EPOCH.elapsed().unwrap_or_default();
+    let ms = since_epoch.as_millis() as u64 & 0xffff_ffff_ffff;
     let random = rand::random::<u64>() & 0xffff_ffff_ffff;
     HeaderValue::from_str(&format!("req_{ms:012x}{random:012x}"))
         .expect("hex is a valid header value")
@@ -471,12 +492,11 @@ fn upstream_error(model: &str, status: StatusCode, body: &str) -> Error {
 fn stream_error_event(model: &str, outcome: &'static str, error: Error) -> Bytes {
     metrics::counter!(names::UPSTREAM_REQUESTS, "model" => model.to_owned(), "outcome" => outcome)
         .increment(1);
-    let envelope = serde_json::to_string(&crate::error::error_body(&error))
-        .expect("an error envelope serialises");
+    let envelope = serde_json::to_string(&error.envelope()).expect("an error envelope serialises");
     format!("data: {envelope}\n\n").into()
 }
 
-#[derive(serde::Deserialize)]
+#[derive(Deserialize)]
 struct WithUsage {
     usage: Option<Usage>,
 }

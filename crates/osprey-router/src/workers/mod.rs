@@ -34,17 +34,17 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use osprey_core::api::JsonBody;
 use osprey_core::metrics as names;
-use osprey_core::{Error, ErrorKind};
+use osprey_core::{Error, ErrorKind, Priority, UsageReport};
 use osprey_engine::Prompter;
 use osprey_engine::kv::prefix_hashes;
-use osprey_router::prefix_index::{MAX_WORKERS, PrefixIndex};
-use osprey_router::retry::{RetryBudget, RetryBudgetConfig};
-use osprey_router::select::{Candidate, Policy, choose};
-use osprey_router::sent_blocks::SentBlocks;
 
-use crate::config::UpstreamConfig;
-use crate::edge::{Caller, UsageReport};
-use crate::upstream::{SERVED_BY, Upstream, warrants_fallback};
+use crate::prefix_index::{MAX_WORKERS, PrefixIndex};
+use crate::retry::{RetryBudget, RetryBudgetConfig};
+use crate::select::{Candidate, Policy, choose};
+use crate::sent_blocks::SentBlocks;
+use crate::upstream::{
+    REQUEST_ID, SERVED_BY, Upstream, UpstreamConfig, new_request_id, warrants_fallback,
+};
 
 /// The blocks a plain upstream is taken to cache: the last this many it was sent (at 16 tokens
 /// a block, 128k tokens).
@@ -182,29 +182,26 @@ impl WorkerPool {
     }
 
     /// Sends a request for `prompt` to the best worker, and to others if it cannot be served
-    /// there before its answer starts.
+    /// there before its answer starts. `sent` says whose it is (the tenant's cache salt and
+    /// priority); `headers` go with it (its trace context).
     pub async fn forward(
         &self,
-        path: &str,
-        body: &JsonBody,
-        prompt: &[u32],
-        caller: &Caller,
+        (path, body, prompt): (&str, &JsonBody, &[u32]),
+        sent: (&str, Priority),
         usage: Arc<UsageReport>,
+        mut headers: HeaderMap,
     ) -> Result<Response, Error> {
-        let hashes = prefix_hashes(&caller.tenant.cache_salt, prompt);
-        let mut headers = HeaderMap::new();
-        if let Ok(salt) = HeaderValue::from_str(&caller.tenant.cache_salt) {
+        let (cache_salt, priority) = sent;
+        let hashes = prefix_hashes(cache_salt, prompt);
+        if let Ok(salt) = HeaderValue::from_str(cache_salt) {
             headers.insert(protocol::CACHE_SALT, salt);
         }
         headers.insert(
             protocol::PRIORITY,
-            HeaderValue::from_static(caller.tenant.priority.as_str()),
+            HeaderValue::from_static(priority.as_str()),
         );
         // One id for every worker the request is tried on.
-        headers.insert(
-            crate::upstream::REQUEST_ID,
-            crate::upstream::new_request_id(),
-        );
+        headers.insert(REQUEST_ID, new_request_id());
         self.budget
             .lock()
             .expect("budget lock")
