@@ -18,8 +18,6 @@
 //!   large, malformed JSON, unknown routes and handler panics;
 //! - [`state::AppState`]: the served models (the local engine, set once loading finishes, so
 //!   the server answers `/health` while the model loads; upstreams) and the edge;
-//! - [`degrade`]: the degradation ladder, driven by the load at the edge;
-//! - [`auto`]: `"model": "auto"`, the tier the router picks for a request;
 //! - [`replay`]: idempotent requests answered once, and the recent answers the ladder and
 //!   fallback chains serve when generating is not an option;
 //! - [`context`]: a chat request's user context put in by the prompt builder: facts, a
@@ -51,12 +49,10 @@
 pub mod admission;
 pub mod agent;
 pub mod auth;
-pub mod auto;
 pub mod cache;
 pub mod config;
 pub mod context;
 pub mod conversation;
-pub mod degrade;
 pub mod edge;
 pub mod error;
 pub mod flags;
@@ -127,10 +123,10 @@ pub async fn serve_worker(
     served
 }
 
-/// Feeds the degradation ladder the load every [`degrade::SAMPLE_EVERY`].
+/// Feeds the degradation ladder the load every [`osprey_router::degrade::SAMPLE_EVERY`].
 fn sample_load(state: AppState) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(degrade::SAMPLE_EVERY);
+        let mut tick = tokio::time::interval(osprey_router::degrade::SAMPLE_EVERY);
         loop {
             tick.tick().await;
             let edge = state.edge();

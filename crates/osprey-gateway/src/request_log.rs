@@ -173,7 +173,7 @@ pub fn entry(
     let mut detail = serde_json::Map::new();
     for (key, name) in [
         ("worker", osprey_router::workers::SERVED_BY_WORKER),
-        ("degraded", crate::degrade::DEGRADED),
+        ("degraded", osprey_router::degrade::DEGRADED),
         ("rag", crate::rag::RAG_HEADER),
         ("memory", crate::context::MEMORY_HEADER),
     ] {
@@ -182,7 +182,7 @@ pub fn entry(
         }
     }
     let (tier, route_reason) = (
-        header(crate::auto::TIER),
+        header(osprey_router::auto::TIER),
         header(osprey_router::upstream::ROUTE_REASON),
     );
     let noted = response

@@ -8,10 +8,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use osprey_core::{Error, ErrorKind};
 use osprey_engine::Engine;
 
-use crate::degrade::Degradation;
 use crate::edge::Edge;
 use crate::replay::Answers;
 use crate::safety::{Abuse, Policies};
+use osprey_router::degrade::Degradation;
 use osprey_router::tiers::Tiers;
 use osprey_router::upstream::Upstream;
 use osprey_router::workers::WorkerPool;

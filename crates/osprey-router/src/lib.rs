@@ -17,11 +17,13 @@
 //! - [`select::choose`]: cache-aware (longest cached prefix weighed against load),
 //!   least-loaded or round-robin.
 //!
-//! And the choice of tier for `"model": "auto"`:
+//! And the choice of tier for `"model": "auto"` ([`auto`]):
 //! - [`classifier::TaskClassifier`]: which kind of task a request is, and how sure;
-//! - [`tiers::Tiers`]: the tier a task starts at, escalated when unsure or asked for quality.
+//! - [`tiers::Tiers`]: the tier a task starts at, escalated when unsure or asked for quality;
+//! - [`auto::AnswerCheck`]: an answer below the floor asked again of the tier above.
 //!
-//! And under load, [`degrade::Ladder`]: quality given up in steps, premium tenants last.
+//! And under load, [`degrade::Ladder`]: quality given up in steps, premium tenants last, held
+//! in service by [`degrade::Degradation`] (the level from the load in flight and the TTFT).
 //!
 //! And the backends these choose among, as clients of the gateway's:
 //! - [`upstream::Upstream`]: an OpenAI-compatible server (vLLM, SGLang, llama-server, a
@@ -29,6 +31,7 @@
 //! - [`workers::WorkerPool`]: `osprey worker`s serving one model, followed through their event
 //!   streams and chosen among by cached prefix and load.
 
+pub mod auto;
 pub mod breaker;
 pub mod classifier;
 pub mod degrade;

@@ -128,11 +128,11 @@ pub fn check_default_models(
         };
         let served = local == Some(model.as_str())
             || upstreams.iter().any(|u| &u.name == model)
-            || (model == osprey_gateway::auto::AUTO && !file.tiers.is_empty());
+            || (model == osprey_router::auto::AUTO && !file.tiers.is_empty());
         anyhow::ensure!(
             served,
             "tenant `{tenant}`: default_model `{model}` is not served here{}",
-            if model == osprey_gateway::auto::AUTO {
+            if model == osprey_router::auto::AUTO {
                 " (auto needs [[tiers]])"
             } else {
                 ""

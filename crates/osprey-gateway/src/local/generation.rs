@@ -56,7 +56,7 @@ pub fn merge(choices: Vec<(usize, Generation)>) -> Deltas {
 pub struct RequestTimer {
     usage: std::sync::Arc<osprey_core::UsageReport>,
     /// Where the time to first token also goes (the degradation ladder watches it).
-    ladder: Option<std::sync::Arc<crate::degrade::Degradation>>,
+    ladder: Option<std::sync::Arc<osprey_router::degrade::Degradation>>,
     /// The request's record, which gets every token's time.
     record: Option<std::sync::Arc<crate::record::RequestRecord>>,
     model: String,
@@ -91,7 +91,10 @@ impl RequestTimer {
     }
 
     /// The same timer, reporting the time to first token to `ladder` too.
-    pub fn watched_by(mut self, ladder: std::sync::Arc<crate::degrade::Degradation>) -> Self {
+    pub fn watched_by(
+        mut self,
+        ladder: std::sync::Arc<osprey_router::degrade::Degradation>,
+    ) -> Self {
         self.ladder = Some(ladder);
         self
     }

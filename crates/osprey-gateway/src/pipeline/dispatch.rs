@@ -8,12 +8,12 @@ use axum::response::Response;
 use osprey_core::api::JsonBody;
 
 use super::Routed;
-use crate::auto;
 use crate::edge::{Admitted, Caller};
 use crate::error::ApiError;
 use crate::replay;
 use crate::state::{AppState, Backend};
 use osprey_core::UsageReport;
+use osprey_router::auto;
 use osprey_router::upstream::{ROUTE_REASON, SERVED_BY, Upstream, warrants_fallback};
 
 /// Sends an `auto` request to its tier; with an answer check, asks for logprobs and, when the

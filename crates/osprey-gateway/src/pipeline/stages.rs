@@ -11,10 +11,8 @@ use osprey_store::Owner;
 use tracing::Instrument;
 
 use super::{Prepared, Routed, dispatch};
-use crate::auto;
 use crate::cache::{CacheKeep, ResponseCache};
 use crate::context::Context;
-use crate::degrade::{DEGRADED, DEGRADED_MAX_TOKENS, DEGRADED_PARTIAL_MAX_TOKENS};
 use crate::error::ApiError;
 use crate::prompts::Applied;
 use crate::rag::Retrieved;
@@ -23,6 +21,8 @@ use crate::safety::{Auditor, GuardOut};
 use crate::semantic_cache::Similar;
 use crate::state::AppState;
 use osprey_core::Error;
+use osprey_router::auto;
+use osprey_router::degrade::{DEGRADED, DEGRADED_MAX_TOKENS, DEGRADED_PARTIAL_MAX_TOKENS};
 use osprey_router::upstream::{ROUTE_REASON, warrants_fallback};
 
 /// What the body asks of the stages, read before any of them changes it.
@@ -227,7 +227,7 @@ pub(super) async fn backend<R: Routed>(
         return Ok(Answer::Recent(response));
     }
     if level >= 4 && p.body.is_batch(p.admitted.caller.tenant.priority) {
-        return Err(crate::degrade::deferred().into());
+        return Err(osprey_router::degrade::deferred().into());
     }
     if level >= 1 {
         let cap = match level {
@@ -238,7 +238,14 @@ pub(super) async fn backend<R: Routed>(
     }
     let mut routed = match p.admitted.model.as_deref() {
         Some(auto::AUTO) => Some(tracing::info_span!("route").in_scope(|| {
-            auto::route(state.tiers(), &p.admitted.caller, &p.flags, &p.body, level)
+            let tenant = &p.admitted.caller.tenant;
+            let off = |tier: &str| crate::flags::tier_off(&p.flags, tier);
+            auto::route(
+                state.tiers(),
+                (tenant.models.as_deref(), off),
+                &p.body,
+                level,
+            )
         })?),
         _ => None,
     };

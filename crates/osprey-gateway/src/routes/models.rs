@@ -31,7 +31,7 @@ fn cards(state: &AppState) -> Vec<ModelCard> {
         max_model_len: None,
     });
     let auto = state.tiers().map(|_| ModelCard {
-        id: crate::auto::AUTO.to_owned(),
+        id: osprey_router::auto::AUTO.to_owned(),
         object: "model".into(),
         created: state.created(),
         owned_by: "osprey-router".into(),

@@ -12,12 +12,11 @@
 use axum::http::{HeaderMap, HeaderValue};
 use osprey_core::Error;
 use osprey_core::api::JsonBody;
-use osprey_router::classifier::TaskClassifier;
-use osprey_router::tiers::{Asks, Tiers};
 use serde_json::Value;
 
-use crate::edge::Caller;
-use osprey_router::upstream::ROUTE_REASON;
+use crate::classifier::TaskClassifier;
+use crate::tiers::{Asks, Tiers};
+use crate::upstream::ROUTE_REASON;
 
 /// The model name that asks the router to choose.
 pub const AUTO: &str = "auto";
@@ -46,13 +45,13 @@ pub struct AnswerCheck {
     pub tier: String,
 }
 
-/// Chooses the tier of an `auto` request.
+/// Chooses the tier of an `auto` request among those whose model is in `models` (all, for a
+/// tenant without a list) and that are not `off` (by the tenant's flags).
 /// Under degradation `level` 3 and above nothing escalates; at 2 and above the request goes
 /// one tier smaller than it would.
 pub fn route(
     tiers: Option<&Tiers>,
-    caller: &Caller,
-    flags: &serde_json::Map<String, Value>,
+    (models, off): (Option<&[String]>, impl Fn(&str) -> bool),
     body: &JsonBody,
     level: u8,
 ) -> Result<AutoRoute, Error> {
@@ -71,13 +70,10 @@ pub fn route(
     }
     // The tenant's models, less those of tiers its flags turn off.
     let off: Vec<&str> = (tiers.tiers().iter())
-        .filter(|t| crate::flags::tier_off(flags, &t.name))
+        .filter(|t| off(&t.name))
         .map(|t| t.model.as_str())
         .collect();
-    let allowed = |m: &str| {
-        (caller.tenant.models.as_ref()).is_none_or(|ms| ms.iter().any(|a| a == m))
-            && !off.contains(&m)
-    };
+    let allowed = |m: &str| models.is_none_or(|ms| ms.iter().any(|a| a == m)) && !off.contains(&m);
     let choice = tiers.choose(task, sure, asks, allowed).ok_or_else(|| {
         Error::invalid(
             "model",

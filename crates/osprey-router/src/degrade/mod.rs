@@ -14,6 +14,12 @@
 //! it, so the level does not flap around a threshold. Premium tenants are degraded last: two
 //! levels less.
 
+mod watch;
+
+pub use watch::{
+    DEGRADED, DEGRADED_MAX_TOKENS, DEGRADED_PARTIAL_MAX_TOKENS, Degradation, SAMPLE_EVERY, deferred,
+};
+
 /// Thresholds of the levels.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LadderConfig {

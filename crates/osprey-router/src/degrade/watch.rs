@@ -1,5 +1,4 @@
-//! The degradation ladder in the gateway (`osprey-router`'s [`Ladder`] decides the level).
-//! The load observed every [`SAMPLE_EVERY`] is the larger of two shares of a budget: requests in
+//! The degradation ladder in service ([`Ladder`] decides the level). The load observed every [`SAMPLE_EVERY`] is the larger of two shares of a budget: requests in
 //! flight over `--max-in-flight` (queue depth), and, when `--ttft-slo` is set, the recent time
 //! to first token over it: of the local engine's requests, or the slowest a worker of the pool
 //! reports of its own (each a moving average, fading while nothing is measured). A
@@ -10,8 +9,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
+use super::{Ladder, LadderConfig};
 use osprey_core::{Error, ErrorKind};
-use osprey_router::degrade::{Ladder, LadderConfig};
 
 /// The header saying a response was degraded, and to which level.
 pub const DEGRADED: &str = "x-osprey-degraded";
