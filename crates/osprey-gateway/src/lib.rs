@@ -7,9 +7,10 @@
 //! - [`shared_redis`]: the one connection to `--redis` the limits and the response cache share;
 //! - [`pipeline`]: the stages of a generation request, in order, over its body parsed once
 //!   ([`osprey_core::api::JsonBody`]); [`local`] is the engine of this process as its backend;
-//! - [`upstream`]: models served by another OpenAI-compatible server, streamed through;
-//! - [`workers`]: a model served by a pool of `osprey worker`s, each request sent where its
-//!   prompt is cached (the workers' side of that protocol is [`routes::worker_router`]);
+//!   the other backends are `osprey-router`'s: [`osprey_router::upstream`] (models served by
+//!   another OpenAI-compatible server) and [`osprey_router::workers`] (a pool of
+//!   `osprey worker`s; the workers' side of that protocol is [`routes::worker_router`]);
+//! - [`outbound`]: the way out, one chain of steps over the answer in one task;
 //! - [`routes`]: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, the
 //!   Batch API (`/v1/files`, `/v1/batches`), `/health`, `/ready`, `/metrics`; streaming with
 //!   server-sent events;

@@ -5,8 +5,8 @@
 //! caller, the tenant's flags and the degradation level in a [`Prepared`]; none parses bytes.
 //! On the way in: guard-in ([`crate::safety`]), retrieve ([`crate::rag`]), prompt
 //! ([`crate::prompts`]), memory ([`crate::context`]), cache lookup ([`crate::cache`] and
-//! [`crate::semantic_cache`]), the degradation ladder ([`crate::degrade`]), route
-//! ([`crate::auto`]) and backend ([`dispatch`]: an upstream and its fallbacks, a worker
+//! [`crate::semantic_cache`]), the degradation ladder ([`osprey_router::degrade`]), route
+//! ([`osprey_router::auto`]) and backend ([`dispatch`]: an upstream and its fallbacks, a worker
 //! pool, or the local engine through [`Routed::serve_locally`]). On the way out, one chain
 //! ([`crate::outbound`]) in one task: guard-out, cache keep, turn keep, citations and the
 //! request log's text; then the marks of what went in, and the recent answers.
