@@ -145,6 +145,15 @@ def fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def warmed_fds(proc, url, concurrency, mix="chat=3,stream=2"):
+    """The descriptors `proc` holds once it has served a moment of load like the scenario's:
+    what it opens on first use and keeps (the store's pooled connections, the request log's
+    writer) is part of its baseline, not a leak."""
+    Load([url], 3, concurrency=concurrency, mix=mix).result()
+    time.sleep(1)
+    return fds(proc.pid)
+
+
 def chat(url, content="Say hi.", max_tokens=8, model=MODEL, timeout=60):
     return http("POST", url + "/v1/chat/completions", {"model": model, "max_tokens": max_tokens, "temperature": 0,
                 "messages": [{"role": "user", "content": content}], "osprey": {"cache": False}}, timeout=timeout)
@@ -467,7 +476,7 @@ def slowloris(c):
     serving everyone else and closes them; file descriptors return to baseline."""
     proc, url = serve("slowloris")
     port = int(url.rsplit(":", 1)[1])
-    base_fds = fds(proc.pid)
+    base_fds = warmed_fds(proc, url, 2)
     socks, stop = [], threading.Event()
     for _ in range(400):
         s = socket.create_connection(("127.0.0.1", port))
@@ -505,7 +514,7 @@ def slowloris(c):
 def client_disconnects(c):
     """Clients that hang up mid-stream: their sequences stop and their KV blocks come back."""
     proc, url = serve("disconnects")
-    base_fds = fds(proc.pid)
+    base_fds = warmed_fds(proc, url, 6, mix="cancel=3,stream=1,chat=1")
     base_blocks = metrics(url).get("osprey_kv_blocks_used", 0)
     load = Load([url], seconds(30), concurrency=6, mix="cancel=3,stream=1,chat=1", extra=["--max-tokens", "64"])
     result = load.result()
