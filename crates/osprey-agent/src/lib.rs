@@ -11,7 +11,7 @@
 //! - [`orchestrator`]: the state machine (decide → act → observe, with approval and client
 //!   pauses) that drives a run with a [`Model`], reporting to a [`RunSink`];
 //! - [`audit`]: what every call leaves behind;
-//! - [`builtin`]: the tools Osprey ships (calculator, HTTP fetch, read-only SQL, a wasmtime
+//! - [`builtin`]: the tools Osprey ships (calculator, HTTP fetch, read-only SQL, a WebAssembly
 //!   sandbox) and the `[agent]` config; [`mcp`]: MCP servers' tools, over stdio or HTTP.
 //!
 //! ```no_run

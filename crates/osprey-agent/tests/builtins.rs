@@ -1,5 +1,5 @@
-//! The built-in tools against real parts: WASI modules in the wasmtime sandbox (fuel, memory,
-//! wall time, output cap, no filesystem unless granted), read-only SQL on real SQLite and
+//! The built-in tools against real parts: WASI modules in the WebAssembly sandbox (fuel,
+//! memory, wall time, output cap, no filesystem unless granted, and then read-only), read-only SQL on real SQLite and
 //! Postgres databases, and HTTP fetch against a local server behind the allow-list.
 
 use std::time::{Duration, Instant};
@@ -47,6 +47,17 @@ const SEES_FILES: &str = r#"(module
   (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
   (memory (export "memory") 1)
   (func (export "_start") (call $exit (call $prestat (i32.const 3) (i32.const 0)))))"#;
+
+/// Exits with the errno of creating `new.txt` for writing in the preopened directory (fd 3).
+const CREATES_A_FILE: &str = r#"(module
+  (import "wasi_snapshot_preview1" "path_open" (func $open
+    (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 100) "new.txt")
+  (func (export "_start")
+    (call $exit (call $open (i32.const 3) (i32.const 0) (i32.const 100) (i32.const 7)
+      (i32.const 1) (i64.const 64) (i64.const 0) (i32.const 0) (i32.const 200)))))"#;
 
 #[test]
 fn wasm_modules_run_within_their_limits() {
@@ -107,10 +118,11 @@ fn wasm_modules_run_within_their_limits() {
     assert!(err.contains("time limit"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(5));
 
-    // A granted directory is visible (read-only).
-    let dir = std::env::temp_dir();
+    // A granted directory is visible, and read-only.
+    let dir = std::env::temp_dir().join(format!("osprey-wasm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let granted = Sandbox::new(WasmConfig {
-        read_dir: Some(dir),
+        read_dir: Some(dir.clone()),
         ..WasmConfig::default()
     })
     .unwrap();
@@ -121,6 +133,10 @@ fn wasm_modules_run_within_their_limits() {
             .exit_code,
         0
     );
+    let refused = granted.run(CREATES_A_FILE.as_bytes(), "", &[]).unwrap();
+    assert_ne!(refused.exit_code, 0, "creating a file is refused");
+    assert!(!dir.join("new.txt").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 async fn call(tool: &dyn Tool, args: Value) -> Result<String, ToolError> {

@@ -5,7 +5,7 @@
 //! | `calculator` | none | exact arithmetic ([`calculator`]) |
 //! | `http_fetch` | network | GET on allow-listed hosts ([`http_fetch`]) |
 //! | `sql_query` | read | read-only parameterised SQL ([`sql`]) |
-//! | `wasm_exec`, operator modules | none | WASI code in a wasmtime sandbox ([`wasm`]) |
+//! | `wasm_exec`, operator modules | none | WASI code in a WebAssembly sandbox ([`wasm`]) |
 //! | `file_search` | read | retrieval over collections (the gateway's, which owns them) |
 //! | `LABEL__TOOL` | configured | an MCP server's tools ([`crate::mcp`]) |
 

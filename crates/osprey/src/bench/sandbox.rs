@@ -1,7 +1,7 @@
-//! `osprey bench sandbox`: what the wasmtime sandbox costs: setting it up (engine and epoch
-//! thread), compiling a module (cold, then from the cache), and a call (instantiate a WASI
-//! module with fresh limits, run it, read its output), alone and as the `wasm_exec` tool does
-//! it (on a blocking thread).
+//! `osprey bench sandbox`: what the WebAssembly sandbox costs: setting it up, translating a
+//! module (cold, then from the cache), a call (instantiate a WASI module with fresh limits, run
+//! it, read its output), alone and as the `wasm_exec` tool does it (on a blocking thread), and
+//! a compute-bound module (a loop of ten million iterations).
 
 use std::time::Instant;
 
@@ -17,6 +17,14 @@ pub struct SandboxBenchArgs {
     calls: usize,
 }
 
+/// Sums the integers below ten million (about 60 million instructions), printing nothing.
+const LOOP_WAT: &str = r#"(module (memory (export "memory") 1)
+  (func (export "_start") (local $i i32) (local $sum i64)
+    (loop
+      (local.set $sum (i64.add (local.get $sum) (i64.extend_i32_u (local.get $i))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if 0 (i32.lt_u (local.get $i) (i32.const 10000000))))))"#;
+
 fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
@@ -26,10 +34,7 @@ fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
 pub fn run(args: SandboxBenchArgs) -> anyhow::Result<()> {
     let t = Instant::now();
     let sandbox = Sandbox::new(WasmConfig::default()).map_err(anyhow::Error::msg)?;
-    println!(
-        "sandbox set up (engine, epoch thread): {:.2} ms",
-        t.elapsed().as_secs_f64() * 1e3
-    );
+    println!("sandbox set up: {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
     let first = sandbox
         .run(HELLO_WAT.as_bytes(), "", &[])
         .map_err(anyhow::Error::msg)?;
@@ -55,6 +60,18 @@ pub fn run(args: SandboxBenchArgs) -> anyhow::Result<()> {
     println!(
         "call (cached module, fresh store and WASI context), {} calls: p50 {p50:.3} ms, p99 {p99:.3} ms",
         args.calls
+    );
+    let mut loops = Vec::new();
+    for _ in 0..5 {
+        let out = sandbox
+            .run(LOOP_WAT.as_bytes(), "", &[])
+            .map_err(anyhow::Error::msg)?;
+        loops.push((out.run.as_secs_f64() * 1e3, out.fuel_used));
+    }
+    let (p50, _) = quantiles(loops.iter().map(|l| l.0).collect());
+    println!(
+        "compute loop (10 M iterations, {} fuel), 5 runs: p50 {p50:.1} ms",
+        loops[0].1
     );
     let tool = WasmExec::new(sandbox);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1,30 +1,44 @@
-//! Code execution in a wasmtime sandbox: WASI (preview 1) modules, binary or `.wat` text,
-//! run with a fuel limit (instructions), a memory limit, a wall-time limit (epoch
-//! interruption) and a cap on what they may print. A module sees no filesystem and no network:
-//! stdin is the call's input, stdout and stderr are captured, and a directory is visible
-//! (read-only) only when the operator grants one.
+//! Code execution in a WebAssembly sandbox (the wasmi interpreter): WASI (preview 1) modules,
+//! binary or `.wat` text, run with a fuel limit (instructions), a memory limit, a wall-time
+//! limit and a cap on what they may print. A module sees no filesystem and no network: stdin is
+//! the call's input, stdout and stderr are captured, and a directory is visible (read-only,
+//! [`ReadOnlyDir`]) only when the operator grants one.
 //!
 //! Two kinds of tool run here: `wasm_exec`, which runs the module the call gives (`.wat` text),
 //! and operator modules (`[agent.wasm.modules.NAME]`), each its own tool whose JSON arguments
 //! the module reads on stdin.
+//!
+//! An interpreter, not a compiler: a tool's module is small and runs for milliseconds, so
+//! translating it once (cached) and interpreting it costs less than a JIT's compile, and the
+//! build does not carry a code generator (see docs/build.md). The wall-time limit is checked
+//! between slices of fuel: a run is resumed after each slice until its fuel or its time is
+//! spent.
+
+mod read_only;
 
 use std::collections::HashMap;
+use std::io::{self, Write};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use wasmtime::{Config, Engine, Linker, Module, Store, StoreLimits, StoreLimitsBuilder, Trap};
-use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
-use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
+use wasmi::{
+    Config, Engine, Linker, Module, Store, StoreLimits, StoreLimitsBuilder, TrapCode,
+    TypedResumableCall,
+};
+use wasmi_wasi::wasi_common::pipe::{ReadPipe, WritePipe};
+use wasmi_wasi::{WasiCtx, WasiCtxBuilder, ambient_authority};
+
+pub use read_only::ReadOnlyDir;
 
 use crate::tool::{Tool, ToolError, ToolSpec};
 
-/// How often the epoch ticks: the wall-time limit's granularity.
-const TICK: Duration = Duration::from_millis(5);
+/// Fuel a run gets between two looks at the clock: the wall-time limit's granularity (a few
+/// milliseconds of interpretation).
+const SLICE: u64 = 2_000_000;
 
 /// The sandbox's limits (`[agent.wasm]`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -94,7 +108,7 @@ pub struct WasmOutput {
     pub run: Duration,
 }
 
-/// Runs WASI modules under limits; cheap to clone, one compiled-module cache for all.
+/// Runs WASI modules under limits; cheap to clone, one translated-module cache for all.
 #[derive(Clone)]
 pub struct Sandbox {
     engine: Engine,
@@ -103,29 +117,25 @@ pub struct Sandbox {
 }
 
 struct RunState {
-    wasi: WasiP1Ctx,
+    wasi: WasiCtx,
     limits: StoreLimits,
 }
 
+/// How a run ended, before its output is read.
+enum Ended {
+    /// `_start` returned (0) or the module called `proc_exit`.
+    Exited(i32),
+    /// Stopped, with the reason for the caller.
+    Failed(String),
+}
+
 impl Sandbox {
-    /// A sandbox with `config`'s limits; starts the thread that ticks the epoch.
+    /// A sandbox with `config`'s limits.
     pub fn new(config: WasmConfig) -> Result<Self, String> {
-        let mut c = Config::new();
-        c.consume_fuel(true).epoch_interruption(true);
-        let engine = Engine::new(&c).map_err(|e| format!("wasm engine: {e}"))?;
-        let ticker = engine.weak();
-        std::thread::Builder::new()
-            .name("osprey-wasm-epoch".into())
-            .spawn(move || {
-                while let Some(engine) = ticker.upgrade() {
-                    engine.increment_epoch();
-                    drop(engine);
-                    std::thread::sleep(TICK);
-                }
-            })
-            .map_err(|e| format!("wasm epoch thread: {e}"))?;
+        let mut c = Config::default();
+        c.consume_fuel(true);
         Ok(Self {
-            engine,
+            engine: Engine::new(&c),
             config: Arc::new(config),
             modules: Arc::default(),
         })
@@ -136,7 +146,7 @@ impl Sandbox {
         &self.config
     }
 
-    /// Compiles `code` (`.wasm` bytes or `.wat` text), or takes it from the cache.
+    /// Translates `code` (`.wasm` bytes or `.wat` text), or takes it from the cache.
     fn module(&self, code: &[u8]) -> Result<(Module, Duration), String> {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -152,7 +162,7 @@ impl Sandbox {
         }
         let t = Instant::now();
         let module = Module::new(&self.engine, code)
-            .map_err(|e| format!("the module does not compile: {e:#}"))?;
+            .map_err(|e| format!("the module does not compile: {e}"))?;
         let compile = t.elapsed();
         let mut cache = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= 64 {
@@ -162,91 +172,105 @@ impl Sandbox {
         Ok((module, compile))
     }
 
+    /// The WASI context of one run: `stdin`, the captured outputs, `args`, and the granted
+    /// directory (if any) as `/data`.
+    fn wasi(
+        &self,
+        stdin: &str,
+        args: &[String],
+        out: &Capped,
+        err: &Capped,
+    ) -> Result<WasiCtx, String> {
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stdin(Box::new(ReadPipe::from(stdin.as_bytes())))
+            .stdout(Box::new(WritePipe::from_shared(out.0.clone())))
+            .stderr(Box::new(WritePipe::from_shared(err.0.clone())));
+        std::iter::once("module")
+            .chain(args.iter().map(String::as_str))
+            .try_for_each(|a| wasi.arg(a).map(drop))
+            .map_err(|e| format!("the module's arguments: {e}"))?;
+        let ctx = wasi.build();
+        if let Some(dir) = &self.config.read_dir {
+            let opened = wasmi_wasi::Dir::open_ambient_dir(dir, ambient_authority())
+                .map_err(|e| format!("agent.wasm.read_dir: {}: {e}", dir.display()))?;
+            ctx.push_preopened_dir(Box::new(ReadOnlyDir::new(opened)), "/data")
+                .map_err(|e| format!("agent.wasm.read_dir: {e}"))?;
+        }
+        Ok(ctx)
+    }
+
     /// Runs `code`'s `_start` with `stdin` and `args`, within the limits (blocking: call from
     /// a blocking thread).
     pub fn run(&self, code: &[u8], stdin: &str, args: &[String]) -> Result<WasmOutput, String> {
         let (module, compile) = self.module(code)?;
         let c = &self.config;
-        // One byte beyond the cap: a module that fills it wrote too much. (A full pipe does not
-        // trap; the guest's writes just start failing, so the cap is checked afterwards.)
-        let stdout = MemoryOutputPipe::new(c.max_output_bytes + 1);
-        let stderr = MemoryOutputPipe::new(c.max_output_bytes + 1);
-        let mut wasi = WasiCtxBuilder::new();
-        wasi.stdin(MemoryInputPipe::new(stdin.as_bytes().to_vec()))
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .arg("module");
-        for a in args {
-            wasi.arg(a);
-        }
-        if let Some(dir) = &c.read_dir {
-            wasi.preopened_dir(dir, "/data", FsPerms::ReadOnly)
-                .map_err(|e| format!("agent.wasm.read_dir: {e}"))?;
-        }
+        let (stdout, stderr) = (
+            Capped::new(c.max_output_bytes),
+            Capped::new(c.max_output_bytes),
+        );
         let limits = StoreLimitsBuilder::new()
             .memory_size(c.memory_bytes)
             .instances(1)
             .tables(4)
             .memories(1)
             .build();
-        let mut store = Store::new(
-            &self.engine,
-            RunState {
-                wasi: wasi.build_p1(),
-                limits,
-            },
-        );
+        let wasi = self.wasi(stdin, args, &stdout, &stderr)?;
+        let mut store = Store::new(&self.engine, RunState { wasi, limits });
         store.limiter(|s| &mut s.limits);
-        store.set_fuel(c.fuel).map_err(|e| e.to_string())?;
-        let ticks = (c.timeout_seconds / TICK.as_secs_f64()).ceil().max(1.0) as u64;
-        store.set_epoch_deadline(ticks);
         let mut linker: Linker<RunState> = Linker::new(&self.engine);
-        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| &mut s.wasi)
-            .map_err(|e| e.to_string())?;
+        wasmi_wasi::add_to_linker(&mut linker, |s| &mut s.wasi).map_err(|e| e.to_string())?;
         let t = Instant::now();
-        let outcome = linker
-            .instantiate(&mut store, &module)
-            .and_then(|instance| instance.get_typed_func::<(), ()>(&mut store, "_start"))
-            .and_then(|start| start.call(&mut store, ()));
-        let run = t.elapsed();
-        let fuel_used = c.fuel - store.get_fuel().unwrap_or(0);
-        let exit_code = match outcome {
-            Ok(()) => 0,
-            Err(e) => {
-                if let Some(exit) = e.downcast_ref::<I32Exit>() {
-                    exit.0
-                } else {
-                    return Err(match e.downcast_ref::<Trap>() {
-                        Some(Trap::OutOfFuel) => {
-                            format!("the module ran out of fuel ({} units)", c.fuel)
-                        }
-                        Some(Trap::Interrupt) => {
-                            format!(
-                                "the module ran past its time limit ({} s)",
-                                c.timeout_seconds
-                            )
-                        }
+        let deadline = t + Duration::from_secs_f64(c.timeout_seconds);
+        // Fuel is handed out a slice at a time; `left` is what is not handed out yet.
+        let mut left = c.fuel;
+        let mut refuel = |store: &mut Store<RunState>| {
+            let slice = left.min(SLICE);
+            left -= slice;
+            store.set_fuel(slice).map(|()| slice > 0)
+        };
+        refuel(&mut store).map_err(|e| e.to_string())?;
+        let mut call = linker
+            .instantiate_and_start(&mut store, &module)
+            .and_then(|instance| instance.get_typed_func::<(), ()>(&store, "_start"))
+            .and_then(|start| start.call_resumable(&mut store, ()));
+        let ended = loop {
+            match call {
+                Ok(TypedResumableCall::Finished(())) => break Ended::Exited(0),
+                Ok(TypedResumableCall::OutOfFuel(paused)) => {
+                    if Instant::now() >= deadline {
+                        break Ended::Failed(format!(
+                            "the module ran past its time limit ({} s)",
+                            c.timeout_seconds
+                        ));
+                    }
+                    match refuel(&mut store) {
+                        Ok(true) => call = paused.resume(&mut store),
                         _ => {
-                            let text = format!("{e:#}");
-                            if text.contains("beyond capacity") {
-                                too_much(c.max_output_bytes)
-                            } else if text.contains("memory") && text.contains("limit") {
-                                format!(
-                                    "the module asked for more than {} bytes of memory",
-                                    c.memory_bytes
-                                )
-                            } else {
-                                format!("the module failed: {text}")
-                            }
+                            break Ended::Failed(format!(
+                                "the module ran out of fuel ({} units)",
+                                c.fuel
+                            ));
                         }
-                    });
+                    }
                 }
+                // A host function's error (`proc_exit` is one) ends the run.
+                Ok(TypedResumableCall::HostTrap(trapped)) => {
+                    break ended_by(trapped.host_error(), c);
+                }
+                Err(e) => break ended_by(&e, c),
             }
         };
+        let run = t.elapsed();
+        let fuel_used = c.fuel - left - store.get_fuel().unwrap_or(0);
+        drop(store);
         let (stdout, stderr) = (stdout.contents(), stderr.contents());
         if stdout.len().max(stderr.len()) > c.max_output_bytes {
             return Err(too_much(c.max_output_bytes));
         }
+        let exit_code = match ended {
+            Ended::Exited(code) => code,
+            Ended::Failed(why) => return Err(why),
+        };
         Ok(WasmOutput {
             exit_code,
             stdout: String::from_utf8_lossy(&stdout).into_owned(),
@@ -276,6 +300,73 @@ impl Sandbox {
             "fuel_used": out.fuel_used,
         })
         .to_string())
+    }
+}
+
+/// How an error from instantiating or running a module ends the run.
+fn ended_by(e: &wasmi::Error, c: &WasmConfig) -> Ended {
+    if let Some(code) = e.i32_exit_status() {
+        return Ended::Exited(code);
+    }
+    Ended::Failed(match e.as_trap_code() {
+        Some(TrapCode::OutOfFuel) => format!("the module ran out of fuel ({} units)", c.fuel),
+        Some(TrapCode::GrowthOperationLimited | TrapCode::OutOfSystemMemory) => {
+            too_hungry(c.memory_bytes)
+        }
+        _ => {
+            let text = e.to_string();
+            if text.contains("memory") && (text.contains("limit") || text.contains("exceed")) {
+                too_hungry(c.memory_bytes)
+            } else {
+                format!("the module failed: {text}")
+            }
+        }
+    })
+}
+
+fn too_hungry(cap: usize) -> String {
+    format!("the module asked for more than {cap} bytes of memory")
+}
+
+/// An output buffer that keeps at most one byte beyond its cap: a module that fills it wrote
+/// too much. (A full buffer fails the guest's write rather than trapping, so the cap is checked
+/// after the run.)
+#[derive(Clone)]
+struct Capped(Arc<RwLock<CappedBuf>>);
+
+struct CappedBuf {
+    bytes: Vec<u8>,
+    room: usize,
+}
+
+impl Capped {
+    fn new(cap: usize) -> Self {
+        Self(Arc::new(RwLock::new(CappedBuf {
+            bytes: Vec::new(),
+            room: cap + 1,
+        })))
+    }
+
+    fn contents(&self) -> Vec<u8> {
+        std::mem::take(&mut self.0.write().unwrap_or_else(|e| e.into_inner()).bytes)
+    }
+}
+
+impl Write for CappedBuf {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.room - self.bytes.len());
+        if n == 0 && !buf.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "output beyond capacity",
+            ));
+        }
+        self.bytes.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
