@@ -11,6 +11,8 @@
 //! - [`orchestrator`]: the state machine (decide → act → observe, with approval and client
 //!   pauses) that drives a run with a [`Model`], reporting to a [`RunSink`];
 //! - [`audit`]: what every call leaves behind;
+//! - [`responses`]: the Responses API over the orchestrator: its wire shapes, a transcript
+//!   as a chat request, the store sink and its events, tools and grants per request;
 //! - [`builtin`]: the tools Osprey ships (calculator, HTTP fetch, read-only SQL, a WebAssembly
 //!   sandbox) and the `[agent]` config; [`mcp`]: MCP servers' tools, over stdio or HTTP.
 //!
@@ -38,6 +40,7 @@ pub mod budget;
 pub mod builtin;
 pub mod mcp;
 pub mod orchestrator;
+pub mod responses;
 pub mod run;
 pub mod scope;
 pub mod tool;

@@ -56,7 +56,7 @@ struct Inner {
     created: u64,
     /// The agent runtime's config, and the runtime, set up on first use.
     agent_config: osprey_agent::AgentConfig,
-    agents: OnceLock<Result<Arc<crate::agent::Agents>, String>>,
+    agents: OnceLock<Result<Arc<osprey_agent::responses::Agents>, String>>,
 }
 
 struct LocalModel {
@@ -140,9 +140,9 @@ impl AppState {
     }
 
     /// The agent runtime (its tools set up on first use; an error names the bad config).
-    pub fn agents(&self) -> Result<&Arc<crate::agent::Agents>, Error> {
+    pub fn agents(&self) -> Result<&Arc<osprey_agent::responses::Agents>, Error> {
         let built = (self.inner.agents).get_or_init(|| {
-            crate::agent::Agents::new(self.inner.agent_config.clone()).map(Arc::new)
+            osprey_agent::responses::Agents::new(self.inner.agent_config.clone()).map(Arc::new)
         });
         built.as_ref().map_err(|e| {
             Error::new(

@@ -1,211 +1,61 @@
-//! The agent runtime in the gateway: `osprey-agent`'s orchestrator driven by the model a
-//! request names, with the tools it asks for, under its caller's grant and tenant's policy,
-//! its runs kept in the store.
+//! Agent runs (the Responses API) in the gateway: `osprey-agent`'s runtime
+//! ([`osprey_agent::responses`]: wire shapes, the store sink, tools and grants) given what only
+//! the gateway has: the model a request names, its caller, the caller's collections, and HTTP.
 //!
-//! - [`wire`]: the Responses API's request and response shapes;
 //! - [`model`]: the [`osprey_agent::Model`] that asks a served model (local, upstream or
 //!   workers) for each decision, through the same chat path as any request, so its calls are
 //!   generated under the tools' grammar;
 //! - [`runner`]: starting, resuming (after approval) and showing runs;
-//! - [`sink`]: every step and audit written to the store as it happens, and streamed;
-//! - [`file_search`]: retrieval over the caller's collections as a tool;
-//! - [`Agents`]: the built-in tools and MCP servers, and how a request's `tools` become a
-//!   run's [`ToolSet`].
+//! - [`file_search`]: retrieval over the caller's collections as a tool.
 
 pub mod file_search;
 pub mod model;
 pub mod runner;
-pub mod sink;
-pub mod wire;
 
 use std::sync::Arc;
 
-use osprey_agent::{AgentConfig, Budget, Builtins, Scopes, ToolSet, ToolSpec};
-use osprey_core::{Error, ErrorKind};
-use serde::{Deserialize, Serialize};
+use osprey_agent::responses::{Agents, RunCaller};
+use osprey_agent::{Scopes, Tool, ToolSet};
+use osprey_core::Error;
 use serde_json::Value;
 
 use crate::edge::Caller;
 use crate::state::AppState;
 
-/// What a run remembers of who started it, so that it resumes with the same rights
-/// whoever approves it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RunCaller {
-    /// The tenant.
-    pub tenant: String,
-    /// The key.
-    pub key_id: Option<String>,
-    /// The user (`x-osprey-user`).
-    pub user: String,
-    /// ACL groups (retrieval).
-    pub groups: Vec<String>,
-    /// Tool scopes granted.
-    pub grant: Scopes,
-}
-
-impl RunCaller {
-    /// The caller again, as handlers see one.
-    pub fn caller(&self, state: &AppState) -> Caller {
-        Caller {
-            tenant: state.edge().tenant(&self.tenant),
-            key_id: self.key_id.clone(),
-            user: Some(self.user.clone()),
-            groups: self.groups.clone(),
-            tool_scopes: None,
-            record: Default::default(),
-        }
+/// The caller a run acts for, as handlers see one.
+pub fn caller_of(state: &AppState, run: &RunCaller) -> Caller {
+    Caller {
+        tenant: state.edge().tenant(&run.tenant),
+        key_id: run.key_id.clone(),
+        user: Some(run.user.clone()),
+        groups: run.groups.clone(),
+        tool_scopes: None,
+        record: Default::default(),
     }
 }
 
-/// The built-in tools, the MCP servers and the limits of every run.
-pub struct Agents {
-    config: AgentConfig,
-    builtins: Builtins,
+/// The tool scopes `caller` holds.
+pub fn grant(agents: &Agents, caller: &Caller) -> Result<Scopes, Error> {
+    agents.grant(
+        caller.tenant.tool_scopes.as_deref(),
+        caller.tool_scopes.as_deref(),
+    )
 }
 
-impl Agents {
-    /// Sets up `config` (nothing connects yet); an error names the bad field.
-    pub fn new(config: AgentConfig) -> Result<Self, String> {
-        Ok(Self {
-            builtins: Builtins::new(&config)?,
-            config,
-        })
-    }
-
-    /// The config.
-    pub fn config(&self) -> &AgentConfig {
-        &self.config
-    }
-
-    /// The scopes `caller` holds: its tenant's grant (or the default), narrowed by its key's.
-    pub fn grant(&self, caller: &Caller) -> Result<Scopes, Error> {
-        let parse = |names: &[String], what: &str| {
-            Scopes::parse(names.iter().map(String::as_str))
-                .map_err(|e| Error::new(ErrorKind::Internal, format!("{what}: {e}")))
-        };
-        let tenant = match &caller.tenant.tool_scopes {
-            Some(names) => parse(names, "the tenant's tool_scopes")?,
-            None => self.config.default_scopes,
-        };
-        Ok(match &caller.tool_scopes {
-            Some(names) => tenant.intersect(parse(names, "the key's tool scopes")?),
-            None => tenant,
-        })
-    }
-
-    /// The run's budget: what the request asks for (else the operator's), capped by the
-    /// operator's, with `max_tool_calls` if given.
-    pub fn budget(
-        &self,
-        asked: Option<&Budget>,
-        max_tool_calls: Option<u32>,
-    ) -> Result<Budget, Error> {
-        let ceiling = &self.config.budget;
-        let mut budget = asked.unwrap_or(ceiling).capped_by(ceiling);
-        if let Some(n) = max_tool_calls {
-            budget.tool_calls = budget.tool_calls.min(n);
-        }
-        budget
-            .validate()
-            .map_err(|e| Error::invalid("osprey.budget", e))?;
-        Ok(budget)
-    }
-
-    /// The tools of a request, by entry: functions the client runs, MCP servers configured
-    /// here (by `server_label`), `file_search` over collections, and the built-ins by type.
-    pub async fn toolset(
-        &self,
-        state: &AppState,
-        caller: &Caller,
-        tools: &[Value],
-    ) -> Result<ToolSet, Error> {
-        let mut set = ToolSet::default();
-        for (i, tool) in tools.iter().enumerate() {
-            let at = |f: &str| format!("tools[{i}]{f}");
-            let kind = tool["type"].as_str().unwrap_or_default();
-            match kind {
-                "function" => {
-                    let f = if tool["function"].is_object() {
-                        &tool["function"]
-                    } else {
-                        tool
-                    };
-                    let name = f["name"].as_str().ok_or_else(|| {
-                        Error::invalid(at(".name"), "a function tool needs a name")
-                    })?;
-                    let parameters = match &f["parameters"] {
-                        Value::Null => serde_json::json!({"type": "object", "properties": {}}),
-                        p => p.clone(),
-                    };
-                    let description = f["description"].as_str().unwrap_or_default();
-                    set.add_client(ToolSpec::new(name, description, parameters));
-                }
-                "mcp" => {
-                    let label = tool["server_label"].as_str().ok_or_else(|| {
-                        Error::invalid(at(".server_label"), "an mcp tool names its server_label")
-                    })?;
-                    let server = self.builtins.mcp(label).ok_or_else(|| {
-                        Error::invalid(
-                            at(".server_label"),
-                            format!("no MCP server `{label}` is configured on this server ([[agent.mcp]])"),
-                        )
-                    })?;
-                    let allowed: Option<Vec<String>> = tool["allowed_tools"].as_array().map(|a| {
-                        a.iter()
-                            .filter_map(|t| t.as_str().map(str::to_owned))
-                            .collect()
-                    });
-                    let listed = server.tools(allowed.as_deref()).await.map_err(|e| {
-                        Error::new(ErrorKind::BadGateway, e).with_code("mcp_unavailable")
-                    })?;
-                    for t in listed {
-                        set.add(t);
-                    }
-                }
-                "file_search" => {
-                    let collections: Vec<String> = tool["vector_store_ids"]
-                        .as_array()
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|c| c.as_str().map(str::to_owned))
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    if collections.is_empty() {
-                        return Err(Error::invalid(
-                            at(".vector_store_ids"),
-                            "file_search needs the collections to search (vector_store_ids)",
-                        ));
-                    }
-                    let top_k = tool["max_num_results"].as_u64().unwrap_or(4).clamp(1, 20) as usize;
-                    set.add(Arc::new(file_search::FileSearch::new(
-                        state.clone(),
-                        caller.clone(),
-                        collections,
-                        top_k,
-                    )));
-                }
-                other => match self.builtins.tool(other) {
-                    Some(t) => set.add(t),
-                    None => {
-                        return Err(Error::invalid(
-                            at(".type"),
-                            format!(
-                                "no tool of type `{other}` here (function, mcp, file_search, or one of {:?})",
-                                self.builtins.available()
-                            ),
-                        ));
-                    }
-                },
-            }
-        }
-        Ok(set)
-    }
-
-    /// The MCP server label of tool `name` (`LABEL__TOOL`), if it is one.
-    pub fn server_of(&self, name: &str) -> Option<String> {
-        let (label, _) = name.split_once("__")?;
-        self.builtins.mcp(label).map(|_| label.to_owned())
-    }
+/// The tools of a request made by `caller` (its `file_search` over the caller's collections).
+pub async fn toolset(
+    agents: &Agents,
+    state: &AppState,
+    caller: &Caller,
+    tools: &[Value],
+) -> Result<ToolSet, Error> {
+    let file_search = |collections, top_k| -> Arc<dyn Tool> {
+        Arc::new(file_search::FileSearch::new(
+            state.clone(),
+            caller.clone(),
+            collections,
+            top_k,
+        ))
+    };
+    agents.toolset(tools, &file_search).await
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use osprey_agent::orchestrator::new_id;
 use osprey_agent::{Item, Orchestrator, Run, RunStatus};
 use osprey_core::{Error, ErrorKind};
@@ -19,12 +20,12 @@ use osprey_store::{Owner, RunRecord};
 use serde_json::{Value, json};
 
 use super::model::ServedModel;
-use super::sink::StoreSink;
-use super::wire::{ResponsesRequest, Shown, response_object};
-use super::{Agents, RunCaller};
 use crate::edge::Caller;
 use crate::error::store_error;
 use crate::state::AppState;
+use osprey_agent::responses::{
+    Agents, ResponsesRequest, RunCaller, RunEvent, Shown, StoreSink, response_object,
+};
 
 /// Most output tokens of one decision when the request does not say.
 const DEFAULT_STEP_TOKENS: u32 = 512;
@@ -144,7 +145,7 @@ pub async fn start(
         key_id: caller.key_id.clone(),
         user: owner.user.clone(),
         groups: caller.groups.clone(),
-        grant: agents.grant(caller)?,
+        grant: super::grant(&agents, caller)?,
     };
     let now = osprey_store::now_ms();
     let record = RunRecord {
@@ -163,7 +164,7 @@ pub async fn start(
     };
     // The tools are set up (MCP servers listed) before the run is stored, so a request naming
     // a tool that is not there leaves nothing behind.
-    let tools = agents.toolset(state, caller, &request.tools).await?;
+    let tools = super::toolset(&agents, state, caller, &request.tools).await?;
     store(state)?
         .create_run(&record)
         .await
@@ -238,10 +239,8 @@ pub async fn resume(
         )
         .with_code("not_awaiting_approval"));
     }
-    let caller = stored.caller.caller(state);
-    let tools = agents
-        .toolset(state, &caller, &stored.request.tools)
-        .await?;
+    let caller = super::caller_of(state, &stored.caller);
+    let tools = super::toolset(&agents, state, &caller, &stored.request.tools).await?;
     stored.request.stream = false;
     drive(state, &agents, stored, tools).await
 }
@@ -254,7 +253,7 @@ async fn drive(
     stored: Stored,
     tools: osprey_agent::ToolSet,
 ) -> Result<(Response, u64), Error> {
-    let caller = stored.caller.caller(state);
+    let caller = super::caller_of(state, &stored.caller);
     let policy = match state.policies() {
         Some(p) => Some(p.get(caller.tenant.policy.as_deref()).clone()),
         None => None,
@@ -287,7 +286,7 @@ async fn drive(
     );
     let (events, stream) = match request.stream {
         true => {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<RunEvent>();
             (Some(rx), Some(tx))
         }
         false => (None, None),
@@ -316,7 +315,8 @@ async fn drive(
     });
     match events {
         Some(rx) => {
-            let events = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+            let events = tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
+                .map(|e| Event::default().event(e.kind).data(e.data));
             Ok((crate::sse::stream_response(events), 0))
         }
         None => {

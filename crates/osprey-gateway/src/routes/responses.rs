@@ -19,10 +19,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::agent::runner::{self, Stored};
-use crate::agent::wire::ResponsesRequest;
 use crate::edge::{Admitted, Caller};
 use crate::error::{ApiError, store_error};
 use crate::state::AppState;
+use osprey_agent::responses::ResponsesRequest;
 
 /// The routes besides `POST /v1/responses` (behind authentication).
 pub fn routes() -> Router<AppState> {
@@ -42,7 +42,7 @@ pub fn routes() -> Router<AppState> {
     path = "/v1/responses",
     tag = "generation",
     operation_id = "createResponse",
-    request_body(content = crate::agent::wire::ResponsesRequest, example = json!({
+    request_body(content = osprey_agent::responses::ResponsesRequest, example = json!({
         "model": "smollm2-135m-instruct",
         "input": "What is 6 times 7?",
         "tools": [{"type": "calculator"}],

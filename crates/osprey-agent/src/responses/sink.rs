@@ -4,11 +4,20 @@
 
 use std::sync::Mutex;
 
-use axum::response::sse::Event;
 use futures_util::future::BoxFuture;
-use osprey_agent::{Run, RunSink, RunStatus, Step, ToolAudit};
 use osprey_store::{StepRecord, Store, ToolAuditRecord};
 use serde_json::{Value, json};
+
+use crate::{Run, RunSink, RunStatus, Step, ToolAudit};
+
+/// One server-sent event of a streamed run: its name (`response.created`, …) and its JSON.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunEvent {
+    /// The event's name, also its data's `type`.
+    pub kind: String,
+    /// The data, serialised.
+    pub data: String,
+}
 
 /// A run's sink.
 pub struct StoreSink {
@@ -21,7 +30,7 @@ pub struct StoreSink {
 }
 
 struct StreamState {
-    events: tokio::sync::mpsc::UnboundedSender<Event>,
+    events: tokio::sync::mpsc::UnboundedSender<RunEvent>,
     /// Output items already sent, and the events' sequence number.
     sent: Mutex<(usize, u64)>,
 }
@@ -46,7 +55,7 @@ impl StoreSink {
     /// The same sink, also sending events to `events`; `already` output items were shown.
     pub fn streaming(
         mut self,
-        events: tokio::sync::mpsc::UnboundedSender<Event>,
+        events: tokio::sync::mpsc::UnboundedSender<RunEvent>,
         already: usize,
     ) -> Self {
         self.stream = Some(StreamState {
@@ -65,9 +74,10 @@ impl StoreSink {
         data["type"] = kind.into();
         data["sequence_number"] = sent.1.into();
         sent.1 += 1;
-        let _ = s
-            .events
-            .send(Event::default().event(kind).data(data.to_string()));
+        let _ = s.events.send(RunEvent {
+            kind: kind.to_owned(),
+            data: data.to_string(),
+        });
     }
 
     /// The events of the output items added since the last call.

@@ -2,7 +2,7 @@
 //! `tool_choice`, `previous_response_id`, Osprey's `budget`), and a run shown as a response
 //! object with OpenAI's output item types.
 
-use osprey_agent::{Budget, Item, Run, RunStatus};
+use crate::{Budget, Item, Run, RunStatus};
 use osprey_core::Error;
 use osprey_core::api::ToolMode;
 use serde::Deserialize;
