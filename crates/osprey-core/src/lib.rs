@@ -5,6 +5,8 @@
 //!   a request's body parsed once ([`api::JsonBody`]); the text of a message or a choice;
 //! - [`sampling`]: [`SamplingParams`], the validated form of a request's decoding options;
 //! - [`grammar`]: [`Grammar`], the structure an output must follow (JSON schema, regex, Lark);
+//! - [`backend`]: the [`backend::Backend`] trait every backend implements: a typed request in,
+//!   a stream of typed [`backend::GenEvent`]s out;
 //! - [`error`]: [`Error`], the error contract: every failure is a kind plus a message a person
 //!   understands; only the gateway turns a kind into an HTTP status;
 //! - [`tokens`]: the token estimate used where no tokenizer is at hand.
@@ -20,6 +22,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod backend;
 pub mod error;
 pub mod grammar;
 pub mod metrics;

@@ -26,8 +26,11 @@
 //! [`osprey_core::Grammar`] (JSON schema, regex, Lark): [`structured`] compiles it with
 //! llguidance and the engine masks each step's logits with it, so the output always parses. The prefix cache's contents are
 //! published as [`kv_events`], for routers that send each request where its prefix is cached.
+//! The engine is a [`osprey_core::backend::Backend`] ([`backend`]): a typed chat or text
+//! completion request in, typed events out.
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod chat_template;
 pub mod detokenizer;
 pub mod embedder;

@@ -78,6 +78,7 @@ pub mod state;
 pub mod summarize;
 pub mod telemetry;
 pub mod tls;
+pub mod write;
 
 pub use routes::{HttpConfig, router, worker_router};
 pub use state::AppState;

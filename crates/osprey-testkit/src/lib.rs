@@ -6,11 +6,14 @@
 //!   of the same shape named by `OSPREY_GOLDEN` (held-out checks run the same tests on it);
 //! - [`shared_engine`]: one engine per test process over the default model; [`engine`] and
 //!   [`test_config`] for tests that need their own;
+//! - [`backend`]: a scripted [`osprey_core::backend::Backend`], for what is done with an
+//!   answer's events without a real model;
 //! - [`scripted`]: a scripted agent model, for the orchestrator's logic without a real model;
 //!   [`mcp_servers`]: real third-party MCP servers from the npm registry;
 //! - [`eventually`]: waits for a condition instead of a fixed sleep before an assertion.
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod scripted;
 mod wait;
 

@@ -274,7 +274,7 @@ pub struct ChatLogprobs {
 }
 
 /// A token with its log-probability and the most likely alternatives.
-#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatTokenLogprob {
     /// The token's text.
     pub token: String,
@@ -287,7 +287,7 @@ pub struct ChatTokenLogprob {
 }
 
 /// An alternative token.
-#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TopLogprob {
     /// Token text.
     pub token: String,

@@ -162,7 +162,7 @@ pub struct CompletionChoice {
 }
 
 /// OpenAI's legacy log-probability format: parallel arrays, one entry per token.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionLogprobs {
     /// Token texts.
     pub tokens: Vec<String>,

@@ -97,7 +97,7 @@ pub(super) async fn dispatch<R: Routed>(
         }
         _ => {
             let served_by = (state.model_name()).and_then(|m| HeaderValue::from_str(m).ok());
-            let mut response = request.serve_locally(state.clone(), caller, usage).await?;
+            let mut response = crate::local::serve(state, caller, usage, request.asked()).await?;
             if let Some(name) = served_by {
                 response.headers_mut().insert(SERVED_BY, name);
             }

@@ -7,7 +7,7 @@
 //! ([`crate::prompts`]), memory ([`crate::context`]), cache lookup ([`crate::cache`] and
 //! [`crate::semantic_cache`]), the degradation ladder ([`osprey_router::degrade`]), route
 //! ([`osprey_router::auto`]) and backend ([`dispatch`]: an upstream and its fallbacks, a worker
-//! pool, or the local engine through [`Routed::serve_locally`]). On the way out, one chain
+//! pool, or the local engine through [`crate::local::serve`]). On the way out, one chain
 //! ([`crate::outbound`]) in one task: guard-out, cache keep, turn keep, citations and the
 //! request log's text; then the marks of what went in, and the recent answers.
 //!
@@ -17,20 +17,17 @@ mod dispatch;
 mod own;
 mod stages;
 
-use std::future::Future;
-use std::sync::Arc;
-
 use axum::response::Response;
-use osprey_core::api::JsonBody;
+use osprey_core::api::{ChatCompletionRequest, CompletionRequest, JsonBody};
+use osprey_core::backend;
 use osprey_engine::Prompter;
 
-use crate::edge::{Admitted, Caller};
+use crate::edge::Admitted;
 use crate::error::ApiError;
 use crate::flags::TenantFlags;
 use crate::outbound::Outbound;
 use crate::request_log::{LogText, Noted};
 use crate::state::AppState;
-use osprey_core::UsageReport;
 
 pub use own::{chat_answer, complete_chat};
 use stages::{Asked, Lookup};
@@ -47,13 +44,32 @@ pub trait Routed: osprey_core::api::ApiRequest + Send {
     /// The token ids of its (first) prompt, as the engine will see them; errors for a request
     /// the engine would refuse (bad messages or sampling parameters).
     fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, osprey_core::Error>;
-    /// Its answer from the local engine, streamed or whole.
-    fn serve_locally(
-        self,
-        state: AppState,
-        caller: Caller,
-        usage: Arc<UsageReport>,
-    ) -> impl Future<Output = Result<Response, ApiError>> + Send;
+    /// It, as a backend is asked it.
+    fn asked(self) -> backend::Asked;
+}
+
+impl Routed for ChatCompletionRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+    fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, osprey_core::Error> {
+        osprey_engine::backend::chat::prompt_tokens(self, prompter)
+    }
+    fn asked(self) -> backend::Asked {
+        backend::Asked::Chat(self)
+    }
+}
+
+impl Routed for CompletionRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+    fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, osprey_core::Error> {
+        osprey_engine::backend::completions::prompt_tokens(self, prompter)
+    }
+    fn asked(self) -> backend::Asked {
+        backend::Asked::Completion(self)
+    }
 }
 
 /// A generation request as the stages see it: parsed once, changed in place.

@@ -1,54 +1,31 @@
-//! Running a request's choices on the engine: starting them, merging their streams, timing
-//! them, and turning engine tokens into OpenAI log-probability objects.
+//! The latency of a request on the local engine, timed from its events: time to first
+//! token, time per output token, end to end (labelled by model and priority), and what its
+//! request record notes (every token's time, the tools it called, the error that ended it).
 
-use std::collections::BTreeMap;
-use std::pin::Pin;
 use std::time::Instant;
 
-use futures_util::Stream;
-use futures_util::stream::{self, StreamExt};
-use osprey_core::api::{ChatTokenLogprob, CompletionLogprobs, TopLogprob};
+use futures_util::StreamExt;
+use osprey_core::Priority;
+use osprey_core::backend::{GenEvent, GenStream};
 use osprey_core::metrics as names;
-use osprey_core::{Error, ErrorKind, Priority};
-use osprey_engine::{Delta, Engine, GenerateRequest, Generation, TokenLogprob, Tokenizer};
 
-/// A stream of `(choice index, delta)` from several generations, as they arrive.
-pub type Deltas = Pin<Box<dyn Stream<Item = (usize, Result<Delta, Error>)> + Send>>;
-
-/// Starts `n` choices of `request`, numbered from `first_index`. Each gets its own seed: the
-/// request's seed plus the choice's number, or a random one.
-pub fn start_choices(
-    engine: &Engine,
-    request: &GenerateRequest,
-    n: usize,
-    first_index: usize,
-) -> Result<Vec<(usize, Generation)>, Error> {
-    let valid = engine.validate(request.clone())?;
-    (0..n)
-        .map(|i| {
-            let seed = request.params.seed;
-            let seed = seed.map_or_else(rand::random, |s| s.wrapping_add(i as u64));
-            let generation = engine.generate(valid.with_seed(seed)).inspect_err(|e| {
-                if e.kind == ErrorKind::Unavailable {
-                    metrics::counter!(names::REJECTED_OVERLOADED).increment(1);
+/// `events`, timed by `timer` as they pass.
+pub fn timed(events: GenStream, mut timer: RequestTimer) -> GenStream {
+    events
+        .inspect(move |event| match event {
+            Ok(GenEvent::Delta(delta)) => {
+                (0..delta.tokens).for_each(|_| timer.token());
+                let call = delta.tool_call.as_ref();
+                if let Some(name) = call.and_then(|c| c.function.name.clone()) {
+                    timer.note(|n| n.tool_calls.push(name));
                 }
-            })?;
-            Ok((first_index + i, generation))
+            }
+            Ok(GenEvent::Usage(usage)) => {
+                timer.finish(usage.prompt_tokens, usage.completion_tokens)
+            }
+            Err(e) => timer.note(|n| n.error = Some(e.message.clone())),
         })
-        .collect()
-}
-
-/// Merges choices into one stream; dropping it cancels every choice still running.
-pub fn merge(choices: Vec<(usize, Generation)>) -> Deltas {
-    let streams = choices.into_iter().map(|(index, generation)| {
-        stream::unfold(
-            generation,
-            |mut g| async move { g.next().await.map(|d| (d, g)) },
-        )
-        .map(move |d| (index, d))
         .boxed()
-    });
-    stream::select_all(streams).boxed()
 }
 
 /// Latency metrics of one request: time to first token, time per output token, end to end,
@@ -156,63 +133,5 @@ impl RequestTimer {
             .increment(prompt_tokens as u64);
         metrics::counter!(names::GENERATION_TOKENS, "model" => model)
             .increment(completion_tokens as u64);
-    }
-}
-
-/// A generated token in the chat API's log-probability format.
-pub fn chat_logprob(tok: &Tokenizer, lp: &TokenLogprob) -> ChatTokenLogprob {
-    ChatTokenLogprob {
-        token: tok.token_text(lp.id),
-        logprob: lp.logprob,
-        bytes: tok.token_bytes(lp.id).to_vec(),
-        top_logprobs: lp
-            .top
-            .iter()
-            .map(|&(id, logprob)| TopLogprob {
-                token: tok.token_text(id),
-                logprob,
-                bytes: tok.token_bytes(id).to_vec(),
-            })
-            .collect(),
-    }
-}
-
-/// Appends tokens to a completions-API log-probability object, tracking text offsets.
-pub struct CompletionLogprobsBuilder {
-    /// The object built so far.
-    pub logprobs: CompletionLogprobs,
-    /// Characters of the choice's text so far.
-    pub offset: usize,
-}
-
-impl CompletionLogprobsBuilder {
-    /// An empty builder whose offsets start at `offset` characters.
-    pub fn new(offset: usize) -> Self {
-        Self {
-            logprobs: CompletionLogprobs::default(),
-            offset,
-        }
-    }
-
-    /// Adds one token: its id, and its log-probability and alternatives if known.
-    pub fn push(&mut self, tok: &Tokenizer, id: u32, lp: Option<&TokenLogprob>, top_n: usize) {
-        let text = tok.token_text(id);
-        let l = &mut self.logprobs;
-        l.text_offset.push(self.offset);
-        self.offset += text.chars().count();
-        l.tokens.push(text);
-        l.token_logprobs.push(lp.map(|lp| lp.logprob));
-        l.top_logprobs.push(lp.map(|lp| {
-            lp.top
-                .iter()
-                .take(top_n)
-                .map(|&(id, logprob)| (tok.token_text(id), logprob))
-                .collect::<BTreeMap<_, _>>()
-        }));
-    }
-
-    /// Takes the entries added so far, leaving the builder empty (for streamed chunks).
-    pub fn take(&mut self) -> CompletionLogprobs {
-        std::mem::take(&mut self.logprobs)
     }
 }

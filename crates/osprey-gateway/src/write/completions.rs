@@ -1,0 +1,101 @@
+//! Text completion answers: one `text_completion` object whole, or one per delta streamed
+//! (the finish in the choice's last one).
+
+use axum::response::sse::Event;
+use osprey_core::Error;
+use osprey_core::api::{
+    Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage,
+};
+use osprey_core::backend::{ChoiceDelta, GenStream, Logprobs};
+
+use super::{Chunks, Head, collect, fingerprint};
+use crate::sse::json_event;
+
+pub struct CompletionWriter {
+    head: Head,
+    /// Every prompt's `n` choices.
+    choices: usize,
+    logprobs: bool,
+    include_usage: bool,
+    pub(super) streaming: bool,
+}
+
+impl CompletionWriter {
+    pub(super) fn new(request: &CompletionRequest) -> Result<Self, Error> {
+        Ok(Self {
+            head: Head::new("cmpl", &request.model),
+            choices: request.prompts()?.len() * request.sampling.choices()?,
+            logprobs: request.sampling_params()?.logprobs.is_some(),
+            include_usage: request.sampling.include_usage(),
+            streaming: request.sampling.streaming(),
+        })
+    }
+
+    /// The whole answer.
+    pub(super) async fn whole(self, events: GenStream) -> Result<Completion, Error> {
+        let mut choices: Vec<CompletionChoice> = (0..self.choices)
+            .map(|index| CompletionChoice {
+                index,
+                text: String::new(),
+                logprobs: self.logprobs.then(CompletionLogprobs::default),
+                finish_reason: None,
+            })
+            .collect();
+        let usage = collect(events, |delta| {
+            let choice = &mut choices[delta.index];
+            choice.text.push_str(&delta.text);
+            if let (Some(all), Some(Logprobs::Completion(more))) =
+                (choice.logprobs.as_mut(), delta.logprobs)
+            {
+                all.extend(more);
+            }
+            choice.finish_reason = delta.finish.or(choice.finish_reason);
+        })
+        .await?;
+        Ok(self.object(choices, Some(Some(usage))))
+    }
+
+    fn object(&self, choices: Vec<CompletionChoice>, usage: Option<Option<Usage>>) -> Completion {
+        Completion {
+            id: self.head.id.clone(),
+            object: "text_completion".into(),
+            created: self.head.created,
+            model: self.head.model.clone(),
+            choices,
+            usage,
+            system_fingerprint: fingerprint(),
+        }
+    }
+
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Event {
+        json_event(&self.object(choices, self.include_usage.then_some(usage)))
+    }
+}
+
+impl Chunks for CompletionWriter {
+    fn opening(&self) -> Vec<Event> {
+        Vec::new()
+    }
+
+    fn delta(&mut self, delta: ChoiceDelta) -> Vec<Event> {
+        if delta.is_empty() {
+            return Vec::new();
+        }
+        let logprobs = match delta.logprobs {
+            Some(Logprobs::Completion(l)) => Some(l),
+            _ => None,
+        };
+        let choice = CompletionChoice {
+            index: delta.index,
+            text: delta.text,
+            logprobs,
+            finish_reason: delta.finish,
+        };
+        vec![self.chunk(vec![choice], None)]
+    }
+
+    fn usage(&self, usage: Usage) -> Option<Event> {
+        self.include_usage
+            .then(|| self.chunk(Vec::new(), Some(usage)))
+    }
+}
