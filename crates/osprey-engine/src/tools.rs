@@ -291,20 +291,21 @@ impl ToolCallParser {
         let rest = std::mem::take(&mut self.buf);
         match self.state {
             State::Start | State::Text if !rest.is_empty() => events.push(ToolEvent::Content(rest)),
-            // An unfinished call (the output was cut short): what there is of it.
-            State::CallHead | State::Arguments(_) if !rest.trim().is_empty() => {
-                if matches!(self.state, State::CallHead) {
-                    let name = rest.split('"').nth(3).unwrap_or_default().to_owned();
+            // An unfinished call (the output was cut short): what there is of it, if its
+            // name is whole (a call of no function, or of part of a name, would mislead).
+            State::CallHead => {
+                if let Some(name) = whole_name(&rest) {
                     events.push(ToolEvent::CallStart {
                         index: self.calls,
                         name,
                     });
-                } else {
-                    events.push(ToolEvent::Arguments {
-                        index: self.calls - 1,
-                        text: rest,
-                    });
                 }
+            }
+            State::Arguments(_) if !rest.trim().is_empty() => {
+                events.push(ToolEvent::Arguments {
+                    index: self.calls - 1,
+                    text: rest,
+                });
             }
             _ => {}
         }
@@ -385,6 +386,14 @@ impl ToolCallParser {
             }
         }
     }
+}
+
+/// The name of a call's head cut short (`{"name": "NAME"…`), if it is whole and not empty.
+fn whole_name(head: &str) -> Option<String> {
+    let mut parts = head.split('"');
+    let name = parts.nth(3)?;
+    parts.next()?; // its closing quote
+    (!name.is_empty()).then(|| name.to_owned())
 }
 
 /// `{"name": "NAME", "arguments": ` at the start of `s`: the name and the bytes it takes.
@@ -485,6 +494,26 @@ mod tests {
             assert_eq!(args0, "{\"city\": \"Paris \\\"}\"}", "step {step}");
             assert!(!events.iter().any(|e| matches!(e, ToolEvent::Content(_))));
         }
+    }
+
+    #[test]
+    fn a_call_cut_short_keeps_what_it_has_but_never_a_partial_name() {
+        let calls = |out: &str| parse_output(out).1;
+        let head = "<tool_call>\n{\"name\": \"get_weather\"";
+        assert_eq!(calls(head), vec![("get_weather".into(), String::new())]);
+        let args = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1";
+        assert_eq!(calls(args), vec![("add".into(), "{\"a\": 1".into())]);
+        for cut in [
+            "<tool_call>\n{\"na",
+            "<tool_call>\n{\"name\": \"get_wea",
+            "<tool_call>\n{\"name\": \"\"",
+        ] {
+            assert_eq!(calls(cut), vec![], "{cut}");
+        }
+        // A whole call, then one cut short before its name: only the whole one.
+        let two =
+            "<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"";
+        assert_eq!(calls(two), vec![("add".into(), "{}".into())]);
     }
 
     #[test]
