@@ -66,7 +66,7 @@ struct LocalModel {
 }
 
 /// Where a model's requests go.
-pub enum Backend {
+pub enum ServedBy {
     /// The engine in this process.
     Local(Engine),
     /// An OpenAI-compatible server elsewhere.
@@ -369,14 +369,14 @@ impl AppState {
     }
 
     /// Where `model` is served: 404 for a model not served here, 503 while the local one loads.
-    pub fn backend(&self, model: &str) -> Result<Backend, Error> {
+    pub fn served_by(&self, model: &str) -> Result<ServedBy, Error> {
         if let Some(u) = self.inner.upstreams.get(model) {
-            return Ok(Backend::Upstream(u.clone()));
+            return Ok(ServedBy::Upstream(u.clone()));
         }
         if let Some(pool) = self.inner.pool.as_ref().filter(|p| p.name() == model) {
-            return Ok(Backend::Pool(pool.clone()));
+            return Ok(ServedBy::Pool(pool.clone()));
         }
-        self.engine_for(model).map(Backend::Local)
+        self.engine_for(model).map(ServedBy::Local)
     }
 
     /// The local engine serving `model`: 404 for a model not served here, 503 while loading.

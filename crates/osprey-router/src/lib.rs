@@ -28,6 +28,8 @@
 //! And the backends these choose among, as clients of the gateway's:
 //! - [`upstream::Upstream`]: an OpenAI-compatible server (vLLM, SGLang, llama-server, a
 //!   hosted API), behind its own breaker and retry budget;
+//! - [`fallback::RoutePlan`]: an upstream and, when it fails before its answer, its fallbacks
+//!   in order (other upstreams, or the model served here);
 //! - [`workers::WorkerPool`]: `osprey worker`s serving one model, followed through their event
 //!   streams and chosen among by cached prefix and load.
 
@@ -35,6 +37,7 @@ pub mod auto;
 pub mod breaker;
 pub mod classifier;
 pub mod degrade;
+pub mod fallback;
 pub mod prefix_index;
 pub mod retry;
 pub mod select;

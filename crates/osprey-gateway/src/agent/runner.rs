@@ -107,7 +107,7 @@ pub async fn start(
     replay_of: Option<String>,
 ) -> Result<(Response, u64), Error> {
     let agents = state.agents()?.clone();
-    state.backend(&request.model)?;
+    state.served_by(&request.model)?;
     let input = request.parse_input()?;
     let owner = caller.owner(None);
     let mut items = Vec::new();

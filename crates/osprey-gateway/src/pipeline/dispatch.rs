@@ -11,10 +11,10 @@ use super::Routed;
 use crate::edge::{Admitted, Caller};
 use crate::error::ApiError;
 use crate::replay;
-use crate::state::{AppState, Backend};
-use osprey_core::UsageReport;
+use crate::state::{AppState, ServedBy};
 use osprey_router::auto;
-use osprey_router::upstream::{ROUTE_REASON, SERVED_BY, Upstream, warrants_fallback};
+use osprey_router::fallback::{Fallback, Forwarded, RoutePlan};
+use osprey_router::upstream::{ROUTE_REASON, SERVED_BY, Upstream};
 
 /// Sends an `auto` request to its tier; with an answer check, asks for logprobs and, when the
 /// answer's mean token logprob is below the floor, asks the tier above instead (`routed` then
@@ -74,10 +74,12 @@ pub(super) async fn dispatch<R: Routed>(
 ) -> Result<Response, ApiError> {
     let Admitted { caller, usage, .. } = admitted;
     let mut reason = None;
-    if let Ok(Backend::Upstream(upstream)) = state.backend(body.model()) {
-        match forward(state, &caller, upstream, path, &body, &usage).await? {
+    if let Ok(ServedBy::Upstream(upstream)) = state.served_by(body.model()) {
+        let plan = route_plan(state, &caller, upstream);
+        let headers = crate::telemetry::outgoing();
+        match plan.forward(path, &body, &usage, headers).await? {
             Forwarded::Answered(response) => return Ok(response),
-            Forwarded::ToLocal { name, why } => {
+            Forwarded::Here { name, why } => {
                 body.set_model(&name);
                 reason = Some(why);
             }
@@ -86,8 +88,8 @@ pub(super) async fn dispatch<R: Routed>(
     // Anything else is typed in full first, so a malformed body is reported as such even
     // when it also names an unknown model.
     let request: R = body.typed()?;
-    let mut response = match state.backend(request.model()) {
-        Ok(Backend::Pool(pool)) => {
+    let mut response = match state.served_by(request.model()) {
+        Ok(ServedBy::Pool(pool)) => {
             let prompt = request.prompt_tokens(pool.prompter())?;
             let tenant = &caller.tenant;
             let sent = (tenant.cache_salt.as_str(), tenant.priority);
@@ -110,70 +112,20 @@ pub(super) async fn dispatch<R: Routed>(
     Ok(response)
 }
 
-/// Where a request sent to an upstream ended up.
-enum Forwarded {
-    /// Answered by the upstream or one of its upstream fallbacks.
-    Answered(Response),
-    /// To be served by the local engine's model `name`, a fallback, for the reason `why`.
-    ToLocal { name: String, why: String },
-}
-
-/// Forwards to `upstream`, and on a failure before the answer to its fallbacks in order (those
-/// the tenant may use); a response from a fallback says so in `x-osprey-route-reason`.
-async fn forward(
-    state: &AppState,
-    caller: &Caller,
-    upstream: Arc<Upstream>,
-    path: &str,
-    body: &JsonBody,
-    usage: &Arc<UsageReport>,
-) -> Result<Forwarded, osprey_core::Error> {
-    let error = match upstream
-        .forward_with(path, body, usage.clone(), crate::telemetry::outgoing())
-        .await
-    {
-        Ok(response) => return Ok(Forwarded::Answered(response)),
-        Err(e) if warrants_fallback(&e) => e,
-        Err(e) => return Err(e),
-    };
-    let why = format!(
-        "fallback from {}: {}",
-        upstream.name,
-        error.code.as_deref().unwrap_or("failed")
-    );
+/// `upstream`'s plan: its fallbacks that serve now (not the local engine while it loads) and
+/// that the caller's tenant may use.
+fn route_plan(state: &AppState, caller: &Caller, upstream: Arc<Upstream>) -> RoutePlan {
     let allowed =
         |m: &str| (caller.tenant.models.as_ref()).is_none_or(|ms| ms.iter().any(|a| a == m));
-    for name in upstream.fallbacks.iter().filter(|m| allowed(m)) {
-        let counted = || {
-            metrics::counter!(osprey_core::metrics::FALLBACKS, "from" => upstream.name.clone(), "to" => name.clone())
-                .increment(1);
-        };
-        let fallback = match state.backend(name) {
-            Ok(Backend::Upstream(fallback)) => fallback,
-            Ok(Backend::Local(_) | Backend::Pool(_)) => {
-                counted();
-                let name = name.clone();
-                return Ok(Forwarded::ToLocal { name, why });
-            }
-            // Not serving (the local engine still loading): the next one.
-            Err(_) => continue,
-        };
-        let mut renamed = body.clone();
-        renamed.set_model(name);
-        match fallback
-            .forward_with(path, &renamed, usage.clone(), crate::telemetry::outgoing())
-            .await
-        {
-            Ok(mut response) => {
-                counted();
-                if let Ok(v) = HeaderValue::from_str(&why) {
-                    response.headers_mut().insert(ROUTE_REASON, v);
-                }
-                return Ok(Forwarded::Answered(response));
-            }
-            Err(e) if warrants_fallback(&e) => continue,
-            Err(e) => return Err(e),
-        }
+    let fallbacks = (upstream.fallbacks.iter())
+        .filter(|name| allowed(name))
+        .filter_map(|name| match state.served_by(name).ok()? {
+            ServedBy::Upstream(fallback) => Some(Fallback::Upstream(fallback)),
+            ServedBy::Local(_) | ServedBy::Pool(_) => Some(Fallback::Here(name.clone())),
+        })
+        .collect();
+    RoutePlan {
+        first: upstream,
+        fallbacks,
     }
-    Err(error)
 }
