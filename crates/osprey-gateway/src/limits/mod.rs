@@ -16,7 +16,7 @@ pub mod local;
 pub mod redis;
 pub mod revocations;
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use osprey_core::metrics as names;
@@ -116,6 +116,9 @@ struct Inner {
     /// While Redis is considered down: until when (µs) not to try it.
     redis_down_until: AtomicI64,
     redis_down: AtomicBool,
+    /// Redis failures seen so far: a call that began before the latest one cannot say that
+    /// Redis is back.
+    redis_failures: AtomicU64,
     /// Redis settlements not yet sent: bucket name → (bucket, summed delta).
     pending: std::sync::Mutex<std::collections::HashMap<String, (Bucket, i64)>>,
     /// Units Redis has charged to this replica ahead of demand.
@@ -149,6 +152,7 @@ impl RateLimiter {
                 replicas: replicas.max(1),
                 redis_down_until: AtomicI64::new(0),
                 redis_down: AtomicBool::new(false),
+                redis_failures: AtomicU64::new(0),
                 pending: Default::default(),
                 leases: Leases::new(replicas),
                 feed: OnceLock::new(),
@@ -176,8 +180,14 @@ impl RateLimiter {
         (now_us() >= self.inner.redis_down_until.load(Ordering::Relaxed)).then_some(redis)
     }
 
+    /// Marks the start of a Redis call, for [`Self::redis_ok`].
+    fn redis_call(&self) -> u64 {
+        self.inner.redis_failures.load(Ordering::Acquire)
+    }
+
     fn redis_failed(&self, e: &::redis::RedisError) {
         // Limits are local until Redis answers again, and leases start afresh then.
+        self.inner.redis_failures.fetch_add(1, Ordering::AcqRel);
         self.inner.leases.clear();
         self.inner
             .redis_down_until
@@ -189,7 +199,12 @@ impl RateLimiter {
         }
     }
 
-    fn redis_ok(&self) {
+    /// A Redis call begun at `call` ([`Self::redis_call`]) succeeded. If Redis failed since it
+    /// began (its answer was on the way when the connection went), it says nothing of now.
+    fn redis_ok(&self, call: u64) {
+        if self.inner.redis_failures.load(Ordering::Acquire) != call {
+            return;
+        }
         if self.inner.redis_down.swap(false, Ordering::Relaxed) {
             metrics::gauge!(names::RATELIMIT_REDIS_UP).set(1.0);
             tracing::info!("Redis is back: rate limits are shared again");
@@ -218,13 +233,14 @@ impl RateLimiter {
                 None => vec![0; buckets.len()],
             };
             metrics::counter!(names::RATELIMIT_REDIS_CALLS, "call" => "check").increment(1);
+            let call = self.redis_call();
             match redis.check(buckets, &extra, key_id).await {
                 Ok(Some(checked)) => {
-                    self.redis_ok();
+                    self.redis_ok(call);
                     return Verdict::Checked(self.lease(buckets, checked, now_us()));
                 }
                 Ok(None) => {
-                    self.redis_ok();
+                    self.redis_ok(call);
                     return Verdict::Revoked;
                 }
                 Err(e) => self.redis_failed(&e),
@@ -271,9 +287,10 @@ impl RateLimiter {
         tokio::spawn(async move {
             let (buckets, wants): (Vec<Bucket>, Vec<u64>) = claimed.iter().cloned().unzip();
             metrics::counter!(names::RATELIMIT_REDIS_CALLS, "call" => "top_up").increment(1);
+            let call = this.redis_call();
             match redis.check(&buckets, &wants, None).await {
                 Ok(Some(checked)) => {
-                    this.redis_ok();
+                    this.redis_ok(call);
                     let now = now_us();
                     for ((b, state), units) in buckets
                         .iter()
@@ -330,8 +347,9 @@ impl RateLimiter {
         }
         if let Some(redis) = self.shared() {
             metrics::counter!(names::RATELIMIT_REDIS_CALLS, "call" => "settle").increment(1);
+            let call = self.redis_call();
             match redis.settle(&corrections).await {
-                Ok(()) => return self.redis_ok(),
+                Ok(()) => return self.redis_ok(call),
                 Err(e) => self.redis_failed(&e),
             }
         }
