@@ -13,21 +13,16 @@ use super::{Chunks, Head, collect, fingerprint};
 use crate::sse::json_event;
 
 pub struct ChatWriter {
-    head: Head,
+    pub(super) head: Head,
     n: usize,
-    logprobs: bool,
-    include_usage: bool,
-    pub(super) streaming: bool,
 }
 
 impl ChatWriter {
     pub(super) fn new(request: &ChatCompletionRequest) -> Result<Self, Error> {
+        let logprobs = request.sampling_params()?.logprobs.is_some();
         Ok(Self {
-            head: Head::new("chatcmpl", &request.model),
+            head: Head::new("chatcmpl", &request.model, &request.sampling, logprobs),
             n: request.sampling.choices()?,
-            logprobs: request.sampling_params()?.logprobs.is_some(),
-            include_usage: request.sampling.include_usage(),
-            streaming: request.sampling.streaming(),
         })
     }
 
@@ -41,7 +36,7 @@ impl ChatWriter {
                     content: Some(String::new()),
                     tool_calls: None,
                 },
-                logprobs: self.logprobs.then(ChatLogprobs::default),
+                logprobs: self.head.logprobs.then(ChatLogprobs::default),
                 finish_reason: None,
             })
             .collect();
@@ -71,7 +66,7 @@ impl ChatWriter {
             created: self.head.created,
             model: self.head.model.clone(),
             choices,
-            usage: self.include_usage.then_some(usage),
+            usage: self.head.include_usage.then_some(usage),
             system_fingerprint: fingerprint(),
         })
     }
@@ -109,6 +104,10 @@ fn add(choice: &mut ChatChoice, delta: ChoiceDelta) {
 }
 
 impl Chunks for ChatWriter {
+    fn head(&self) -> &Head {
+        &self.head
+    }
+
     fn opening(&self) -> Vec<Event> {
         (0..self.n)
             .map(|index| {
@@ -166,8 +165,7 @@ impl Chunks for ChatWriter {
         chunks
     }
 
-    fn usage(&self, usage: Usage) -> Option<Event> {
-        self.include_usage
-            .then(|| self.chunk(Vec::new(), Some(usage)))
+    fn usage(&self, usage: Usage) -> Event {
+        self.chunk(Vec::new(), Some(usage))
     }
 }

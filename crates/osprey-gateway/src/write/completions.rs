@@ -12,22 +12,17 @@ use super::{Chunks, Head, collect, fingerprint};
 use crate::sse::json_event;
 
 pub struct CompletionWriter {
-    head: Head,
+    pub(super) head: Head,
     /// Every prompt's `n` choices.
     choices: usize,
-    logprobs: bool,
-    include_usage: bool,
-    pub(super) streaming: bool,
 }
 
 impl CompletionWriter {
     pub(super) fn new(request: &CompletionRequest) -> Result<Self, Error> {
+        let logprobs = request.sampling_params()?.logprobs.is_some();
         Ok(Self {
-            head: Head::new("cmpl", &request.model),
+            head: Head::new("cmpl", &request.model, &request.sampling, logprobs),
             choices: request.prompts()?.len() * request.sampling.choices()?,
-            logprobs: request.sampling_params()?.logprobs.is_some(),
-            include_usage: request.sampling.include_usage(),
-            streaming: request.sampling.streaming(),
         })
     }
 
@@ -37,7 +32,7 @@ impl CompletionWriter {
             .map(|index| CompletionChoice {
                 index,
                 text: String::new(),
-                logprobs: self.logprobs.then(CompletionLogprobs::default),
+                logprobs: self.head.logprobs.then(CompletionLogprobs::default),
                 finish_reason: None,
             })
             .collect();
@@ -68,11 +63,15 @@ impl CompletionWriter {
     }
 
     fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Event {
-        json_event(&self.object(choices, self.include_usage.then_some(usage)))
+        json_event(&self.object(choices, self.head.include_usage.then_some(usage)))
     }
 }
 
 impl Chunks for CompletionWriter {
+    fn head(&self) -> &Head {
+        &self.head
+    }
+
     fn opening(&self) -> Vec<Event> {
         Vec::new()
     }
@@ -94,8 +93,7 @@ impl Chunks for CompletionWriter {
         vec![self.chunk(vec![choice], None)]
     }
 
-    fn usage(&self, usage: Usage) -> Option<Event> {
-        self.include_usage
-            .then(|| self.chunk(Vec::new(), Some(usage)))
+    fn usage(&self, usage: Usage) -> Event {
+        self.chunk(Vec::new(), Some(usage))
     }
 }

@@ -10,7 +10,7 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 use osprey_core::Error;
-use osprey_core::api::Usage;
+use osprey_core::api::{SamplingFields, Usage};
 use osprey_core::backend::{Asked, ChoiceDelta, GenEvent, GenStream};
 
 use crate::error::ApiError;
@@ -40,39 +40,51 @@ impl Writer {
     /// The answer of `events`, streamed or whole as the request asked.
     pub async fn answer(self, events: GenStream) -> Result<Response, ApiError> {
         Ok(match self {
-            Writer::Chat(w) if w.streaming => stream_response(written(w, events)),
+            Writer::Chat(w) if w.head.streaming => stream_response(written(w, events)),
             Writer::Chat(w) => axum::Json(w.whole(events).await?).into_response(),
-            Writer::Completion(w) if w.streaming => stream_response(written(w, events)),
+            Writer::Completion(w) if w.head.streaming => stream_response(written(w, events)),
             Writer::Completion(w) => axum::Json(w.whole(events).await?).into_response(),
         })
     }
 }
 
-/// What every answer carries: its id, its time, the model that answered.
+/// What every answer carries (its id, its time, the model that answered), and how the request
+/// asked for it.
 struct Head {
     id: String,
     created: u64,
     model: String,
+    /// Whether its choices carry log-probabilities.
+    logprobs: bool,
+    /// Whether a stream ends with a usage chunk.
+    include_usage: bool,
+    /// Whether it is streamed.
+    streaming: bool,
 }
 
 impl Head {
-    fn new(prefix: &str, model: &str) -> Self {
+    fn new(prefix: &str, model: &str, sampling: &SamplingFields, logprobs: bool) -> Self {
         Self {
             id: new_id(prefix),
             created: unix_now(),
             model: model.to_owned(),
+            logprobs,
+            include_usage: sampling.include_usage(),
+            streaming: sampling.streaming(),
         }
     }
 }
 
 /// How one API writes a stream's chunks.
 trait Chunks: Send + 'static {
+    /// The answer's head.
+    fn head(&self) -> &Head;
     /// The chunks that open the stream.
     fn opening(&self) -> Vec<Event>;
     /// The chunks of one delta (none for a delta with nothing for the client).
     fn delta(&mut self, delta: ChoiceDelta) -> Vec<Event>;
-    /// The usage chunk, if the request asked for it.
-    fn usage(&self, usage: Usage) -> Option<Event>;
+    /// The chunk that carries the usage.
+    fn usage(&self, usage: Usage) -> Event;
 }
 
 /// `events` written as server-sent events by `writer`.
@@ -85,7 +97,9 @@ fn written(writer: impl Chunks, events: GenStream) -> impl Stream<Item = Event> 
                 let chunks = writer.delta(delta);
                 return Some((chunks, Some((writer, events))));
             }
-            Ok(GenEvent::Usage(usage)) => (writer.usage(usage).into_iter())
+            Ok(GenEvent::Usage(usage)) => (writer.head().include_usage)
+                .then(|| writer.usage(usage))
+                .into_iter()
                 .chain([done_event()])
                 .collect(),
             Err(e) => vec![json_event(&e.envelope())],
