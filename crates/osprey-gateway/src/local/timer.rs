@@ -38,6 +38,10 @@ pub struct RequestTimer {
     record: Option<std::sync::Arc<crate::record::RequestRecord>>,
     model: String,
     priority: &'static str,
+    /// The time-to-first-token and time-per-output-token histograms of the request's labels,
+    /// resolved once (tokens are timed on the hot path).
+    ttft: metrics::Histogram,
+    tpot: metrics::Histogram,
     start: Instant,
     last_token: Option<Instant>,
     /// The span open now: `engine.queue` until the first token (queueing and prefill), then
@@ -54,12 +58,18 @@ impl RequestTimer {
         priority: Priority,
         usage: std::sync::Arc<osprey_core::UsageReport>,
     ) -> Self {
+        let labels = [
+            ("model", model.to_owned()),
+            ("priority", priority.as_str().to_owned()),
+        ];
         Self {
             usage,
             ladder: None,
             record: None,
             model: model.to_owned(),
             priority: priority.as_str(),
+            ttft: metrics::histogram!(names::TIME_TO_FIRST_TOKEN, &labels),
+            tpot: metrics::histogram!(names::TIME_PER_OUTPUT_TOKEN, &labels),
             start: Instant::now(),
             last_token: None,
             span: Some(tracing::info_span!("engine.queue")),
@@ -95,23 +105,17 @@ impl RequestTimer {
         if let Some(r) = &self.record {
             r.token(now);
         }
-        let labels = [
-            ("model", self.model.clone()),
-            ("priority", self.priority.to_owned()),
-        ];
         match self.last_token {
             None => {
                 let parent = &self.parent;
                 let decode = tracing::info_span!(parent: parent, "engine.decode", tokens = tracing::field::Empty);
                 self.span = Some(decode);
-                metrics::histogram!(names::TIME_TO_FIRST_TOKEN, &labels)
-                    .record((now - self.start).as_secs_f64());
+                self.ttft.record((now - self.start).as_secs_f64());
                 if let Some(ladder) = &self.ladder {
                     ladder.record_ttft(now - self.start);
                 }
             }
-            Some(prev) => metrics::histogram!(names::TIME_PER_OUTPUT_TOKEN, &labels)
-                .record((now - prev).as_secs_f64()),
+            Some(prev) => self.tpot.record((now - prev).as_secs_f64()),
         }
         self.last_token = Some(now);
     }
