@@ -6,9 +6,14 @@
 //! - the prompt builder ([`builder`]): layered memory (facts about the user, a task's
 //!   scratchpad, the summary of older turns, recent turns) put in, each layer within its own
 //!   token budget, with a report of what went in;
-//! - [`facts`]: durable facts a user states about themselves, found in their words.
+//! - [`facts`]: durable facts a user states about themselves, found in their words;
+//! - applied to a request's body: [`registry`] (the registered prompt it names), [`memory`]
+//!   (its user's facts, scratchpad and conversation, within budgets), [`conversation`] (a
+//!   conversation's turns in, its new turn kept once answered) and [`summary`] (older turns
+//!   folded into a summary by a [`summary::SummaryWriter`]).
 //!
-//! The records live in `osprey-store`; the gateway reads them and applies these to requests.
+//! The records live in `osprey-store`. The gateway calls these stages and marks its responses
+//! with what they did.
 //!
 //! ```
 //! use osprey_context::prompt::PromptDef;
@@ -26,5 +31,9 @@
 #![deny(missing_docs)]
 
 pub mod builder;
+pub mod conversation;
 pub mod facts;
+pub mod memory;
 pub mod prompt;
+pub mod registry;
+pub mod summary;

@@ -139,7 +139,7 @@ impl Authenticator {
         let Some(store) = &self.store else {
             return Ok(None);
         };
-        let found = (store.key_by_hash(&hash).await).map_err(crate::error::store_error)?;
+        let found = (store.key_by_hash(&hash).await).map_err(osprey_core::Error::from)?;
         let found = found.map(Arc::new);
         if let Some(k) = &found {
             self.keys

@@ -30,7 +30,7 @@ use crate::auth::Authenticator;
 use crate::config::{EdgeConfig, OPEN_TENANT, Tenant};
 use crate::error::ApiError;
 use crate::limits::{Bucket, BucketState, Decision, RateLimiter, Unit, Verdict};
-use crate::state::AppState;
+use crate::state::Services;
 
 /// Completion tokens assumed on admission for a request that sets no `max_tokens` (and has
 /// no cap); corrected to the truth when it ends.
@@ -101,7 +101,7 @@ pub struct Admitted {
 #[derive(Clone)]
 pub struct EdgeLayer {
     /// The app.
-    pub app: AppState,
+    pub app: Services,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
 }
@@ -216,7 +216,7 @@ impl Edge {
 }
 
 /// Authentication only, for `/v1` routes that generate nothing (`GET /v1/models`).
-pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+pub async fn authenticate(State(state): State<Services>, mut req: Request, next: Next) -> Response {
     match state.edge().caller(req.headers()).await {
         Ok((caller, _)) => {
             req.extensions_mut().insert(caller);

@@ -16,22 +16,6 @@ impl From<Error> for ApiError {
     }
 }
 
-/// A store failure in OpenAI's terms: a missing record is a 404; an unreachable store a 503
-/// with `retry-after` (`store_unavailable`), so clients retry once it is back; any other
-/// database failure a 500.
-pub fn store_error(e: osprey_store::StoreError) -> Error {
-    use osprey_store::StoreError;
-    match e {
-        StoreError::NotFound(what) => {
-            Error::new(ErrorKind::NotFound, format!("No {what} exists.")).with_code("not_found")
-        }
-        e if e.is_unavailable() => Error::new(ErrorKind::Unavailable, e.to_string())
-            .with_code("store_unavailable")
-            .with_retry_after(1),
-        e => Error::new(ErrorKind::Internal, e.to_string()),
-    }
-}
-
 /// The HTTP status of `kind`.
 fn status(kind: ErrorKind) -> StatusCode {
     StatusCode::from_u16(kind.status_and_type().0).expect("a valid status")

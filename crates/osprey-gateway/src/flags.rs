@@ -11,7 +11,7 @@
 //! - `prompt.NAME.label` (a string): the label a request naming prompt NAME gets when it gives
 //!   neither label nor version.
 //! - `memory` (`true`): chats get their user's facts unless they say `"memory": false`;
-//! - `memory.extract` (`true`): facts a named user states are kept ([`crate::context`]).
+//! - `memory.extract` (`true`): facts a named user states are kept ([`osprey_context::memory`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};

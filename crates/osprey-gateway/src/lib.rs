@@ -17,13 +17,16 @@
 //! - [`error`]: the only place an [`osprey_core::Error`] becomes an HTTP status, always in
 //!   OpenAI's envelope `{"error": {"message", "type", "param", "code"}}` — including bodies too
 //!   large, malformed JSON, unknown routes and handler panics;
-//! - [`state::AppState`]: the served models (the local engine, set once loading finishes, so
-//!   the server answers `/health` while the model loads; upstreams) and the edge;
+//! - [`state::Services`]: what every handler shares, built once at start from a [`Wiring`]
+//!   and never changed after: the served models (the local engine, set once loading
+//!   finishes, so the server answers `/health` while the model loads; upstreams; workers),
+//!   the edge, the store, the caches and the policies;
 //! - [`replay`]: idempotent requests answered once, and the recent answers the ladder and
 //!   fallback chains serve when generating is not an option;
-//! - [`context`]: a chat request's user context put in by the prompt builder: facts, a
-//!   scratchpad, and a conversation's summary and recent turns ([`conversation`],
-//!   [`summarize`]), each within its budget;
+//! - [`context`] and [`prompts`]: the memory and prompt stages' ties to the server (the work is
+//!   `osprey-context`'s): a user's facts, scratchpad and conversation put in within budgets,
+//!   summaries written by the smallest tier, a registered prompt applied, and the headers
+//!   saying what went in;
 //! - [`cache`] and [`semantic_cache`]: answers kept by request, and (opt-in per tenant) by
 //!   meaning;
 //! - [`request_log`]: one row per generation request in the store, written off the request's
@@ -39,7 +42,7 @@
 //!
 //! ```no_run
 //! # async fn demo(engine: osprey_engine::Engine) -> std::io::Result<()> {
-//! let state = osprey_gateway::AppState::new("smollm2-135m-instruct");
+//! let state = osprey_gateway::Services::serving("smollm2-135m-instruct");
 //! state.set_engine(engine);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! osprey_gateway::serve(listener, state, &Default::default(), std::future::pending()).await
@@ -53,7 +56,6 @@ pub mod auth;
 pub mod cache;
 pub mod config;
 pub mod context;
-pub mod conversation;
 pub mod edge;
 pub mod error;
 pub mod flags;
@@ -75,13 +77,12 @@ pub mod semantic_cache;
 pub mod shared_redis;
 pub mod sse;
 pub mod state;
-pub mod summarize;
 pub mod telemetry;
 pub mod tls;
 pub mod write;
 
 pub use routes::{HttpConfig, router, worker_router};
-pub use state::AppState;
+pub use state::{Services, Wiring};
 
 use std::time::Duration;
 
@@ -89,7 +90,7 @@ use std::time::Duration;
 /// and writes their request log rows.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    state: AppState,
+    state: Services,
     config: &HttpConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -113,7 +114,7 @@ pub async fn serve(
 /// in-flight requests.
 pub async fn serve_worker(
     listener: tokio::net::TcpListener,
-    state: AppState,
+    state: Services,
     config: &HttpConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -126,7 +127,7 @@ pub async fn serve_worker(
 }
 
 /// Feeds the degradation ladder the load every [`osprey_router::degrade::SAMPLE_EVERY`].
-fn sample_load(state: AppState) -> tokio::task::JoinHandle<()> {
+fn sample_load(state: Services) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(osprey_router::degrade::SAMPLE_EVERY);
         loop {

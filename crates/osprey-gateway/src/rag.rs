@@ -26,7 +26,7 @@ use tracing::Instrument;
 
 use crate::edge::Caller;
 use crate::outbound::{Seen, Step};
-use crate::state::AppState;
+use crate::state::Services;
 use osprey_core::api::{choice_text, content_text};
 
 /// The response header saying what retrieval put in the prompt.
@@ -42,7 +42,7 @@ not contain the answer, say that you do not know.";
 
 /// A tenant's collection `name`: created if `create`, else a 404 if it does not exist.
 pub async fn collection(
-    state: &AppState,
+    state: &Services,
     caller: &Caller,
     name: &str,
     create: bool,
@@ -64,7 +64,7 @@ pub async fn collection(
 
 /// Searches the tenant's collection `name`.
 pub async fn search(
-    state: &AppState,
+    state: &Services,
     caller: &Caller,
     name: &str,
     query: SearchQuery,
@@ -122,7 +122,7 @@ pub struct Retrieved {
 /// Puts passages from the body's `rag` collection in (and takes the `rag` option out): what
 /// they were. `pipeline` screens them as untrusted text.
 pub async fn augment(
-    state: &AppState,
+    state: &Services,
     caller: &Caller,
     pipeline: Option<&Pipeline>,
     body: &mut JsonBody,

@@ -84,7 +84,7 @@ pub const SCREEN_INLINE_BYTES: usize = 32 << 10;
 /// Screens a request's input under `pipeline`, refusing a caller throttled for abuse and
 /// counting the attacks it is flagged for.
 pub async fn screen(
-    state: &crate::state::AppState,
+    state: &crate::state::Services,
     pipeline: &Arc<Pipeline>,
     auditor: &Auditor,
     body: &mut JsonBody,

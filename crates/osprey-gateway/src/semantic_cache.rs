@@ -23,7 +23,7 @@ use serde_json::{Map, Value};
 
 use crate::cache::Key;
 use crate::replay::KEPT_FOR;
-use crate::state::AppState;
+use crate::state::Services;
 
 /// The tenant flag that turns it on.
 pub const FLAG: &str = "cache.semantic";
@@ -121,7 +121,7 @@ pub fn threshold(flags: &Map<String, Value>) -> Option<f32> {
 /// The chat request `body` for `path` in `scope` as the semantic cache sees it: `None` when it
 /// is not cacheable, has no user message last, or the embedder is not available.
 pub async fn similar(
-    state: &AppState,
+    state: &Services,
     scope: &str,
     path: &str,
     body: &Value,

@@ -1,5 +1,6 @@
-//! What every handler shares: the served models (the local engine, set once loading finishes
-//! so the server answers `/health` while the model loads; and upstream models), and the edge.
+//! What every handler shares, [`Services`]: built once at start from a [`Wiring`] and frozen.
+//! The only thing set later is the local engine, once it has loaded (the server answers
+//! `/health` while the model loads).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -18,9 +19,9 @@ use osprey_router::workers::WorkerPool;
 use osprey_store::Store;
 use tokio::sync::Notify;
 
-/// Shared, cheaply cloned handler state.
+/// What every handler shares, frozen at start ([`Wiring`]); cheaply cloned.
 #[derive(Clone)]
-pub struct AppState {
+pub struct Services {
     inner: Arc<Inner>,
 }
 
@@ -75,16 +76,76 @@ pub enum ServedBy {
     Pool(Arc<WorkerPool>),
 }
 
-impl AppState {
-    /// State for a server that will serve `model_name` on its own engine once it is set, with
-    /// an open edge (no keys, default limits).
-    pub fn new(model_name: impl Into<String>) -> Self {
-        Self::with_models(Some(model_name.into()), Vec::new(), Edge::open())
+/// What a server is set up with, built once at start: what it serves, and the services its
+/// requests use. [`Services::new`] freezes it; nothing changes it afterwards (but the local
+/// engine, set once it has loaded).
+pub struct Wiring {
+    /// The model this process's engine serves, if it runs one.
+    pub local: Option<String>,
+    /// The OpenAI-compatible servers elsewhere, by the model names they serve.
+    pub upstreams: Vec<Upstream>,
+    /// `osprey worker`s serving a model (instead of a local engine).
+    pub pool: Option<Arc<WorkerPool>>,
+    /// The tiers of `"model": "auto"`.
+    pub tiers: Option<Tiers>,
+    /// The time to first token the degradation ladder holds (`None`: not watched).
+    pub ttft_slo: Option<std::time::Duration>,
+    /// The safety policies (`None` on workers: their gateway screened).
+    pub policies: Option<Policies>,
+    /// The exact response cache (`None`: no cache; workers leave it to their gateway).
+    pub response_cache: Option<crate::cache::ResponseCache>,
+    /// Where batches, files, conversations, memory and the request log are kept.
+    pub store: Option<Store>,
+    /// The tenants' document collections.
+    pub library: osprey_rag::Library,
+    /// The agent runtime's config (`[agent]`).
+    pub agents: osprey_agent::AgentConfig,
+    /// Keys, limits and admission.
+    pub edge: Edge,
+}
+
+impl Wiring {
+    /// A server of `model_name` on its own engine (set once loaded), behind an open edge (no
+    /// keys, default limits), with the default policies and an in-memory response cache.
+    pub fn serving(model_name: impl Into<String>) -> Self {
+        Self::new(Some(model_name.into()), Vec::new(), Edge::open())
     }
 
-    /// State serving `local` (a model name, if this process runs an engine) and `upstreams`,
-    /// behind `edge`.
-    pub fn with_models(local: Option<String>, upstreams: Vec<Upstream>, edge: Edge) -> Self {
+    /// A server of `local` (a model name, if this process runs an engine) and `upstreams`,
+    /// behind `edge`, with the default policies and an in-memory response cache.
+    pub fn new(local: Option<String>, upstreams: Vec<Upstream>, edge: Edge) -> Self {
+        Self {
+            local,
+            upstreams,
+            pool: None,
+            tiers: None,
+            ttft_slo: None,
+            policies: Some(Policies::default()),
+            response_cache: Some(crate::cache::ResponseCache::memory()),
+            store: None,
+            library: osprey_rag::Library::at_home(),
+            agents: osprey_agent::AgentConfig::default(),
+            edge,
+        }
+    }
+}
+
+impl Services {
+    /// The services of `setup`, frozen.
+    pub fn new(setup: Wiring) -> Self {
+        let Wiring {
+            local,
+            upstreams,
+            pool,
+            tiers,
+            ttft_slo,
+            policies,
+            response_cache,
+            store,
+            library,
+            agents,
+            edge,
+        } = setup;
         Self {
             inner: Arc::new(Inner {
                 local: local.map(|name| LocalModel {
@@ -96,47 +157,32 @@ impl AppState {
                     .into_iter()
                     .map(|u| (u.name.clone(), Arc::new(u)))
                     .collect(),
-                pool: None,
-                tiers: None,
-                degradation: Arc::default(),
+                pool,
+                tiers,
+                degradation: Arc::new(Degradation::new(ttft_slo)),
                 replays: Answers::default(),
                 recent: Answers::default(),
-                policies: Some(Policies::default()),
+                policies,
                 abuse: Abuse::default(),
                 flags: crate::flags::Flags::new(),
-                response_cache: Some(Arc::new(crate::cache::ResponseCache::memory())),
-                store: None,
+                response_cache: response_cache.map(Arc::new),
+                store,
                 request_log: OnceLock::new(),
                 embedder: tokio::sync::OnceCell::new(),
-                library: Arc::new(osprey_rag::Library::at_home()),
+                library: Arc::new(library),
                 ingest: crate::ingest::IngestJobs::default(),
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
                 created: unix_now(),
-                agent_config: osprey_agent::AgentConfig::default(),
+                agent_config: agents,
                 agents: OnceLock::new(),
             }),
         }
     }
 
-    /// The same state, serving `pool`'s model from its workers (instead of a local engine).
-    ///
-    /// # Panics
-    /// If the state has been cloned already.
-    pub fn with_pool(mut self, pool: Arc<WorkerPool>) -> Self {
-        let inner = Arc::get_mut(&mut self.inner).expect("with_pool before the state is shared");
-        inner.pool = Some(pool);
-        self
-    }
-
-    /// The same state, with agent runs configured by `config` (`[agent]`).
-    ///
-    /// # Panics
-    /// If the state has been cloned already.
-    pub fn with_agents(mut self, config: osprey_agent::AgentConfig) -> Self {
-        let inner = Arc::get_mut(&mut self.inner).expect("with_agents before the state is shared");
-        inner.agent_config = config;
-        self
+    /// The services of a server of `model_name` on its own engine ([`Wiring::serving`]).
+    pub fn serving(model_name: impl Into<String>) -> Self {
+        Self::new(Wiring::serving(model_name))
     }
 
     /// The agent runtime (its tools set up on first use; an error names the bad config).
@@ -152,16 +198,6 @@ impl AppState {
         })
     }
 
-    /// The same state, keeping collections in `library` (instead of `$OSPREY_HOME`'s).
-    ///
-    /// # Panics
-    /// If the state has been cloned already.
-    pub fn with_library(mut self, library: osprey_rag::Library) -> Self {
-        let inner = Arc::get_mut(&mut self.inner).expect("with_library before the state is shared");
-        inner.library = Arc::new(library);
-        self
-    }
-
     /// The tenants' document collections.
     pub fn library(&self) -> &Arc<osprey_rag::Library> {
         &self.inner.library
@@ -170,26 +206,6 @@ impl AppState {
     /// The ingest jobs.
     pub fn ingest_jobs(&self) -> &crate::ingest::IngestJobs {
         &self.inner.ingest
-    }
-
-    /// The same state, answering `"model": "auto"` with `tiers`.
-    ///
-    /// # Panics
-    /// If the state has been cloned already.
-    pub fn with_tiers(mut self, tiers: Tiers) -> Self {
-        let inner = Arc::get_mut(&mut self.inner).expect("with_tiers before the state is shared");
-        inner.tiers = Some(tiers);
-        self
-    }
-
-    /// The same state, keeping batches and files in `store`.
-    ///
-    /// # Panics
-    /// If the state has been cloned already.
-    pub fn with_store(mut self, store: Store) -> Self {
-        let inner = Arc::get_mut(&mut self.inner).expect("with_store before the state is shared");
-        inner.store = Some(store);
-        self
     }
 
     /// The store of batches and files, if any.
@@ -245,16 +261,6 @@ impl AppState {
         &self.inner.degradation
     }
 
-    /// The same state, its ladder holding time to first token to `slo` (or not watching it).
-    ///
-    /// # Panics
-    /// If the state has been cloned already.
-    pub fn with_ttft_slo(mut self, slo: Option<std::time::Duration>) -> Self {
-        let inner = Arc::get_mut(&mut self.inner).expect("with_ttft_slo before sharing");
-        inner.degradation = Arc::new(Degradation::new(slo));
-        self
-    }
-
     /// The answers of idempotent requests ([`crate::replay`]).
     pub fn replays(&self) -> &Answers {
         &self.inner.replays
@@ -265,27 +271,9 @@ impl AppState {
         &self.inner.recent
     }
 
-    /// The same state with these safety `policies`, or none (`None`: a worker, whose gateway
-    /// screened its requests).
-    ///
-    /// # Panics
-    /// If the state has been cloned already.
-    pub fn with_policies(mut self, policies: Option<Policies>) -> Self {
-        let inner = Arc::get_mut(&mut self.inner).expect("with_policies before sharing");
-        inner.policies = policies;
-        self
-    }
-
     /// Flagged requests per key, for throttling abuse.
     pub fn abuse(&self) -> &Abuse {
         &self.inner.abuse
-    }
-
-    /// With `cache` as the exact response cache (`None`: no cache).
-    pub fn with_response_cache(mut self, cache: Option<crate::cache::ResponseCache>) -> Self {
-        let inner = Arc::get_mut(&mut self.inner).expect("configured before it is shared");
-        inner.response_cache = cache.map(Arc::new);
-        self
     }
 
     /// The exact response cache, if on.

@@ -10,11 +10,11 @@ use std::path::PathBuf;
 use osprey_agent::builtin::calculator;
 use osprey_agent::mcp::McpServerConfig;
 use osprey_agent::{AgentConfig, Budget, Scopes};
-use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{EdgeConfig, TenantConfig};
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::{Services, Wiring};
 use osprey_store::{NewKey, Store};
 use serde_json::{Value, json};
 
@@ -116,10 +116,12 @@ async fn server() -> Server {
         .unwrap()
         .secret;
     let library = tempfile::tempdir().unwrap();
-    let state = AppState::with_models(Some(MODEL.into()), Vec::new(), edge)
-        .with_store(store)
-        .with_library(osprey_rag::Library::new(library.path().to_owned()))
-        .with_agents(agent);
+    let state = Services::new(Wiring {
+        store: Some(store),
+        library: osprey_rag::Library::new(library.path().to_owned()),
+        agents: agent,
+        ..Wiring::new(Some(MODEL.into()), Vec::new(), edge)
+    });
     state.set_engine(osprey_testkit::shared_engine());
     let base = common::serve(state).await;
     // The HTTP MCP server needs a moment to listen.

@@ -1,20 +1,20 @@
 //! The HTTP API against the real model, in process: OpenAI shapes, exact usage, streaming,
 //! perplexity through `echo` + `logprobs`, and every kind of bad input.
 
-use osprey_gateway::{AppState, HttpConfig};
+use osprey_gateway::{HttpConfig, Services, Wiring};
 use serde_json::{Value, json};
 
 const MODEL: &str = "smollm2-135m-instruct";
 
 /// Starts a server over the shared engine and returns its base URL.
 async fn server() -> String {
-    let state = AppState::new(MODEL);
+    let state = Services::serving(MODEL);
     state.set_engine(osprey_testkit::shared_engine());
     serve(state).await
 }
 
 /// Serves `state` on a free local port (1 MiB body limit); returns its base URL.
-async fn serve(state: AppState) -> String {
+async fn serve(state: Services) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let config = HttpConfig {
@@ -92,7 +92,7 @@ async fn a_failing_upstream_falls_back_to_the_local_engine() {
     };
     let upstreams = vec![Upstream::new("large", &config, http_client()).unwrap()];
     check_fallbacks(&upstreams, Some(MODEL)).unwrap();
-    let state = AppState::with_models(Some(MODEL.into()), upstreams, Edge::open());
+    let state = Services::new(Wiring::new(Some(MODEL.into()), upstreams, Edge::open()));
     state.set_engine(osprey_testkit::shared_engine());
     let base = serve(state).await;
     let body =
@@ -137,15 +137,17 @@ async fn two_tiers(
         model: model.into(),
     };
     let tiers = tiers(vec![tier("small", MODEL), tier("big", "large")]);
-    let state =
-        AppState::with_models(Some(MODEL.into()), upstreams, Edge::open()).with_tiers(tiers);
+    let state = Services::new(Wiring {
+        tiers: Some(tiers),
+        ..Wiring::new(Some(MODEL.into()), upstreams, Edge::open())
+    });
     state.set_engine(osprey_testkit::shared_engine());
     serve(state).await
 }
 
 /// The model `large`, served by another Osprey over the shared engine; its base URL.
 async fn large() -> String {
-    let large = AppState::new("large");
+    let large = Services::serving("large");
     large.set_engine(osprey_testkit::shared_engine());
     serve(large).await
 }
@@ -263,7 +265,7 @@ async fn a_doubtful_answer_is_asked_of_the_tier_above() {
 /// keep at most 256 tokens and say they were degraded; once load falls, nothing is.
 #[tokio::test]
 async fn degradation_levels_trigger_and_clear() {
-    let state = AppState::new(MODEL);
+    let state = Services::serving(MODEL);
     state.set_engine(osprey_testkit::shared_engine());
     let ladder = state.clone();
     // Without the load sampler (`serve_router`): the test is the only one moving the ladder.
@@ -372,7 +374,7 @@ async fn the_ladder_follows_the_requests_in_flight() {
         ..EdgeConfig::default()
     };
     let edge = Edge::new(config, Authenticator::open(), RateLimiter::local());
-    let state = AppState::with_models(Some(MODEL.into()), Vec::new(), edge);
+    let state = Services::new(Wiring::new(Some(MODEL.into()), Vec::new(), edge));
     state.set_engine(osprey_testkit::shared_engine());
     let ladder = state.clone();
     let base = serve(state).await;
@@ -407,7 +409,10 @@ async fn batches_check_their_input_and_run_it() {
     let store = osprey_store::Store::open(&osprey_store::Store::default_url(&dir))
         .await
         .unwrap();
-    let state = AppState::new(MODEL).with_store(store);
+    let state = Services::new(Wiring {
+        store: Some(store),
+        ..Wiring::serving(MODEL)
+    });
     state.set_engine(osprey_testkit::shared_engine());
     let base = serve(state).await;
     let client = reqwest::Client::new();
@@ -754,7 +759,7 @@ async fn models_health_ready_and_metrics() {
 
 #[tokio::test]
 async fn requests_wait_with_503_until_the_model_is_loaded() {
-    let state = AppState::new(MODEL);
+    let state = Services::serving(MODEL);
     let base = serve(state.clone()).await;
     let ready = reqwest::get(format!("{base}/ready")).await.unwrap();
     assert_eq!(ready.status(), 503);

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use osprey_engine::{Engine, EngineConfig, SchedulerConfig};
-use osprey_gateway::AppState;
+use osprey_gateway::Services;
 use serde_json::{Value, json};
 
 use crate::common;
@@ -14,7 +14,7 @@ use crate::common;
 const MODEL: &str = "smollm2-135m-instruct";
 
 async fn server(engine: Engine) -> String {
-    let state = AppState::new(MODEL);
+    let state = Services::serving(MODEL);
     state.set_engine(engine);
     common::serve(state).await
 }

@@ -2,9 +2,9 @@
 //! then from the cache, streamed or not; a sampled one never is; and with Redis, a second
 //! gateway answers from what the first one kept.
 
-use osprey_gateway::AppState;
 use osprey_gateway::cache::ResponseCache;
 use osprey_gateway::shared_redis::SharedRedis;
+use osprey_gateway::{Services, Wiring};
 use serde_json::{Value, json};
 
 use crate::common;
@@ -12,7 +12,10 @@ use crate::common;
 const MODEL: &str = "smollm2-135m-instruct";
 
 async fn gateway(cache: ResponseCache) -> String {
-    let state = AppState::new(MODEL).with_response_cache(Some(cache));
+    let state = Services::new(Wiring {
+        response_cache: Some(cache),
+        ..Wiring::serving(MODEL)
+    });
     state.set_engine(osprey_testkit::shared_engine());
     common::serve(state).await
 }

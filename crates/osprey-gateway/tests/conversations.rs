@@ -3,11 +3,11 @@
 //! model) and its turn is kept, streamed or not; and while Postgres is unreachable, requests
 //! that need the store fail fast with a 503 and recover when it returns, with nothing lost.
 
-use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::EdgeConfig;
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::{Services, Wiring};
 use osprey_store::Store;
 use serde_json::{Value, json};
 
@@ -19,7 +19,10 @@ const MODEL: &str = "smollm2-135m-instruct";
 async fn gateway(store: Store) -> String {
     let auth = Authenticator::new(store.clone()).await.unwrap();
     let edge = Edge::new(EdgeConfig::default(), auth, RateLimiter::local());
-    let state = AppState::with_models(Some(MODEL.into()), vec![], edge).with_store(store);
+    let state = Services::new(Wiring {
+        store: Some(store),
+        ..Wiring::new(Some(MODEL.into()), vec![], edge)
+    });
     state.set_engine(osprey_testkit::shared_engine());
     common::serve(state).await
 }

@@ -425,8 +425,10 @@ async fn a_stopping_gateway_finishes_the_answer_in_flight_and_logs_it() {
         auth,
         osprey_gateway::limits::RateLimiter::local(),
     );
-    let state =
-        osprey_gateway::AppState::with_models(None, vec![held], edge).with_store(store.clone());
+    let state = osprey_gateway::Services::new(osprey_gateway::Wiring {
+        store: Some(store.clone()),
+        ..osprey_gateway::Wiring::new(None, vec![held], edge)
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel::<()>();

@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{EdgeConfig, UpstreamConfig};
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::safety::Policies;
+use osprey_gateway::{Services, Wiring};
 use osprey_policy::pipeline::{CategoryRule, PolicyConfig};
 use osprey_router::tiers::{Tier, Tiers};
 use osprey_router::upstream::{Upstream, http_client};
@@ -26,7 +26,7 @@ const ADMIN: &str = "admin-secret";
 /// A gateway on `store` with a `lenient` policy besides the standard one, and two tiers for
 /// `auto`: `small` (the shared engine) and `big` (model `large`, another Osprey).
 async fn gateway(store: Store) -> String {
-    let large = AppState::new("large");
+    let large = Services::serving("large");
     large.set_engine(osprey_testkit::shared_engine());
     let large_url = common::serve(large).await;
     let upstream = UpstreamConfig {
@@ -66,10 +66,12 @@ async fn gateway(store: Store) -> String {
         ..EdgeConfig::default()
     };
     let edge = Edge::new(config, auth, RateLimiter::local());
-    let state = AppState::with_models(Some(MODEL.into()), upstreams, edge)
-        .with_store(store)
-        .with_tiers(tiers)
-        .with_policies(Some(policies));
+    let state = Services::new(Wiring {
+        store: Some(store),
+        tiers: Some(tiers),
+        policies: Some(policies),
+        ..Wiring::new(Some(MODEL.into()), upstreams, edge)
+    });
     state.set_engine(osprey_testkit::shared_engine());
     common::serve(state).await
 }

@@ -32,12 +32,12 @@
 
 use std::time::Duration;
 
-use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::cache::ResponseCache;
 use osprey_gateway::config::EdgeConfig;
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::{Services, Wiring};
 use osprey_store::Store;
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -73,10 +73,12 @@ async fn world(store: &Store) -> World {
     };
     let library = tempfile::tempdir().unwrap();
     let edge = Edge::new(config, auth, RateLimiter::local());
-    let state = AppState::with_models(Some(MODEL.into()), vec![], edge)
-        .with_store(store.clone())
-        .with_library(osprey_rag::Library::new(library.path().to_owned()))
-        .with_response_cache(Some(ResponseCache::memory()));
+    let state = Services::new(Wiring {
+        store: Some(store.clone()),
+        library: osprey_rag::Library::new(library.path().to_owned()),
+        response_cache: Some(ResponseCache::memory()),
+        ..Wiring::new(Some(MODEL.into()), vec![], edge)
+    });
     state.set_engine(osprey_testkit::shared_engine());
     World {
         base: common::serve(state).await,
@@ -549,7 +551,7 @@ async fn another_tenant_never_reuses_a_kv_prefix() {
         kv_cache_bytes: 64 << 20,
         ..osprey_testkit::test_config()
     });
-    let state = AppState::with_models(Some(MODEL.into()), vec![], edge);
+    let state = Services::new(Wiring::new(Some(MODEL.into()), vec![], edge));
     state.set_engine(engine.clone());
     let base = common::serve(state).await;
     // A prompt of several KV blocks; never served from the response cache.

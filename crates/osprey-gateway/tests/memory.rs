@@ -5,13 +5,13 @@
 //! prompt version and what was injected; deleting a user forgets all of theirs, cached answers
 //! included (in memory and in Redis).
 
-use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::cache::ResponseCache;
 use osprey_gateway::config::EdgeConfig;
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::shared_redis::SharedRedis;
+use osprey_gateway::{Services, Wiring};
 use osprey_store::{Owner, Store};
 use serde_json::{Value, json};
 
@@ -28,9 +28,11 @@ async fn gateway(store: Store, cache: ResponseCache) -> String {
         ..EdgeConfig::default()
     };
     let edge = Edge::new(config, auth, RateLimiter::local());
-    let state = AppState::with_models(Some(MODEL.into()), vec![], edge)
-        .with_store(store)
-        .with_response_cache(Some(cache));
+    let state = Services::new(Wiring {
+        store: Some(store),
+        response_cache: Some(cache),
+        ..Wiring::new(Some(MODEL.into()), vec![], edge)
+    });
     state.set_engine(osprey_testkit::shared_engine());
     common::serve(state).await
 }

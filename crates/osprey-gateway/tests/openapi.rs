@@ -5,11 +5,11 @@
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
-use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::EdgeConfig;
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::{Services, Wiring};
 use serde_json::Value;
 use utoipa::OpenApi;
 
@@ -37,7 +37,10 @@ async fn closed_gateway() -> (String, String) {
         ..EdgeConfig::default()
     };
     let edge = Edge::new(config, auth, RateLimiter::local());
-    let state = AppState::with_models(None, vec![], edge).with_store(store);
+    let state = Services::new(Wiring {
+        store: Some(store),
+        ..Wiring::new(None, vec![], edge)
+    });
     (common::serve(state).await, key)
 }
 

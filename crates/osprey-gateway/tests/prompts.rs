@@ -3,11 +3,11 @@
 //! messages and settings and says which version answered, a split label gives each user one
 //! version for good, and a rollback takes effect at once.
 
-use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::EdgeConfig;
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::{Services, Wiring};
 use osprey_store::Store;
 use serde_json::{Value, json};
 
@@ -23,7 +23,10 @@ async fn gateway(store: Store) -> String {
         ..EdgeConfig::default()
     };
     let edge = Edge::new(config, auth, RateLimiter::local());
-    let state = AppState::with_models(Some(MODEL.into()), vec![], edge).with_store(store);
+    let state = Services::new(Wiring {
+        store: Some(store),
+        ..Wiring::new(Some(MODEL.into()), vec![], edge)
+    });
     state.set_engine(osprey_testkit::shared_engine());
     common::serve(state).await
 }

@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine as _;
-use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{EdgeConfig, TenantConfig};
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::{Services, Wiring};
 use osprey_store::NewKey;
 use serde_json::{Value, json};
 
@@ -57,13 +57,15 @@ async fn gateway() -> Keys {
         ..EdgeConfig::default()
     };
     let library = tempfile::tempdir().unwrap();
-    let state = AppState::with_models(
-        Some(MODEL.into()),
-        vec![],
-        Edge::new(config, auth, RateLimiter::local()),
-    )
-    .with_store(store)
-    .with_library(osprey_rag::Library::new(library.path().to_owned()));
+    let state = Services::new(Wiring {
+        store: Some(store),
+        library: osprey_rag::Library::new(library.path().to_owned()),
+        ..Wiring::new(
+            Some(MODEL.into()),
+            vec![],
+            Edge::new(config, auth, RateLimiter::local()),
+        )
+    });
     state.set_engine(osprey_testkit::shared_engine());
     Keys {
         base: common::serve(state).await,

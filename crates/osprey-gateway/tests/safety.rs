@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use osprey_gateway::AppState;
 use osprey_gateway::safety::Policies;
+use osprey_gateway::{Services, Wiring};
 use osprey_policy::Action;
 use osprey_policy::pipeline::{CategoryRule, PolicyConfig};
 use serde_json::{Value, json};
@@ -16,11 +16,15 @@ const MODEL: &str = "smollm2-135m-instruct";
 
 /// A server over the shared engine under `policies`; its base URL.
 async fn server(policies: Policies) -> String {
-    serve(AppState::new(MODEL).with_policies(Some(policies))).await
+    serve(Services::new(Wiring {
+        policies: Some(policies),
+        ..Wiring::serving(MODEL)
+    }))
+    .await
 }
 
 /// Serves `state` with its engine set to the shared one; its base URL.
-async fn serve(state: AppState) -> String {
+async fn serve(state: Services) -> String {
     state.set_engine(osprey_testkit::shared_engine());
     common::serve(state).await
 }
@@ -349,9 +353,11 @@ async fn flagged_keys_are_audited_and_throttled() {
         ..PolicyConfig::default()
     };
     let policies = Policies::new(BTreeMap::from([("standard".to_owned(), strict)]));
-    let state = AppState::with_models(Some(MODEL.into()), Vec::new(), edge)
-        .with_store(store.clone())
-        .with_policies(Some(policies));
+    let state = Services::new(Wiring {
+        store: Some(store.clone()),
+        policies: Some(policies),
+        ..Wiring::new(Some(MODEL.into()), Vec::new(), edge)
+    });
     let base = serve(state).await;
     let chat = async |key: &str, text: &str| {
         let body = json!({"model": MODEL, "max_tokens": 2,

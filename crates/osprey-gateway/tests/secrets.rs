@@ -9,7 +9,7 @@ use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{EdgeConfig, UpstreamConfig};
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
-use osprey_gateway::{AppState, HttpConfig};
+use osprey_gateway::{HttpConfig, Services, Wiring};
 use osprey_router::upstream::{Upstream, http_client};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -144,8 +144,10 @@ async fn logged_requests_carry_no_secret() {
         ..EdgeConfig::default()
     };
     let edge = Edge::new(edge_config, auth, RateLimiter::local());
-    let state =
-        AppState::with_models(None, vec![upstream, gone], edge).with_store(store.store.clone());
+    let state = Services::new(Wiring {
+        store: Some(store.store.clone()),
+        ..Wiring::new(None, vec![upstream, gone], edge)
+    });
     let base = common::serve(state).await;
 
     let r = common::chat(&base, Some(&key), common::hello("up")).await;
@@ -212,8 +214,10 @@ async fn bounded() -> (String, String) {
     let key = common::new_key(&store, ACME).await;
     let auth = Authenticator::new(store.store.clone()).await.unwrap();
     let edge = Edge::new(EdgeConfig::default(), auth, RateLimiter::local());
-    let state =
-        AppState::with_models(Some(MODEL.into()), vec![], edge).with_store(store.store.clone());
+    let state = Services::new(Wiring {
+        store: Some(store.store.clone()),
+        ..Wiring::new(Some(MODEL.into()), vec![], edge)
+    });
     state.set_engine(osprey_testkit::shared_engine());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -3,12 +3,12 @@
 //! (streamed too), a different one does not, nor does the same question under another system
 //! prompt or for a tenant without the flag.
 
-use osprey_gateway::AppState;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::cache::ResponseCache;
 use osprey_gateway::config::EdgeConfig;
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
+use osprey_gateway::{Services, Wiring};
 use serde_json::{Value, json};
 
 use crate::common;
@@ -40,9 +40,11 @@ async fn a_question_meaning_the_same_gets_the_kept_answer() {
     let globex = common::new_key(&store, "globex").await;
     let auth = Authenticator::new(store.store.clone()).await.unwrap();
     let edge = Edge::new(EdgeConfig::default(), auth, RateLimiter::local());
-    let state = AppState::with_models(Some(MODEL.into()), vec![], edge)
-        .with_store(store.store.clone())
-        .with_response_cache(Some(ResponseCache::memory()));
+    let state = Services::new(Wiring {
+        store: Some(store.store.clone()),
+        response_cache: Some(ResponseCache::memory()),
+        ..Wiring::new(Some(MODEL.into()), vec![], edge)
+    });
     state.set_engine(osprey_testkit::shared_engine());
     let base = common::serve(state).await;
 

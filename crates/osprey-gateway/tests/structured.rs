@@ -3,7 +3,7 @@
 //! shapes whole and streamed, `role: tool` messages taken back in, and bad input refused in the
 //! error envelope.
 
-use osprey_gateway::AppState;
+use osprey_gateway::Services;
 use serde_json::{Value, json};
 
 use crate::common;
@@ -11,7 +11,7 @@ use crate::common;
 const MODEL: &str = "smollm2-135m-instruct";
 
 async fn server() -> String {
-    let state = AppState::new(MODEL);
+    let state = Services::serving(MODEL);
     state.set_engine(osprey_testkit::shared_engine());
     common::serve(state).await
 }

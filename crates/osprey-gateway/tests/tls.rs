@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use osprey_gateway::{AppState, HttpConfig};
+use osprey_gateway::{HttpConfig, Services};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -42,7 +42,7 @@ async fn serve_tls(cert: &Certificate) -> std::net::SocketAddr {
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let state = AppState::new("smollm2-135m-instruct");
+    let state = Services::serving("smollm2-135m-instruct");
     tokio::spawn(async move {
         osprey_gateway::serve(listener, state, &config, std::future::pending()).await
     });

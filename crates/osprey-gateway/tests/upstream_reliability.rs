@@ -164,7 +164,10 @@ async fn a_failing_model_falls_back_in_order_and_says_so() {
     let (store, _) = store().await;
     let auth = Authenticator::new(store).await.unwrap();
     let edge = Edge::new(EdgeConfig::default(), auth, RateLimiter::local());
-    let base = serve(osprey_gateway::AppState::with_models(None, upstreams, edge)).await;
+    let base = serve(osprey_gateway::Services::new(osprey_gateway::Wiring::new(
+        None, upstreams, edge,
+    )))
+    .await;
 
     let r = chat(&base, None, hello("large")).await;
     assert_eq!(r.status(), 200);

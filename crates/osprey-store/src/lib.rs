@@ -73,6 +73,24 @@ pub enum StoreError {
     NotFound(String),
 }
 
+/// A store failure as the API reports it: a record not found is a 404 (`not_found`); a
+/// store that cannot be reached is a 503 to retry (`store_unavailable`); anything else is a
+/// 500.
+impl From<StoreError> for osprey_core::Error {
+    fn from(e: StoreError) -> Self {
+        use osprey_core::ErrorKind;
+        match e {
+            StoreError::NotFound(what) => {
+                Self::new(ErrorKind::NotFound, format!("No {what} exists.")).with_code("not_found")
+            }
+            e if e.is_unavailable() => Self::new(ErrorKind::Unavailable, e.to_string())
+                .with_code("store_unavailable")
+                .with_retry_after(1),
+            e => Self::new(ErrorKind::Internal, e.to_string()),
+        }
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         match e {

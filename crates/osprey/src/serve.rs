@@ -13,7 +13,7 @@ use osprey_gateway::config::{AdmissionConfig, DefaultLimits, EdgeConfig, Upstrea
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::shared_redis::SharedRedis;
-use osprey_gateway::{AppState, HttpConfig};
+use osprey_gateway::{HttpConfig, Services, Wiring};
 use osprey_models::DEFAULT_MODEL;
 use osprey_router::select::Policy;
 use osprey_router::tiers::{Tier, Tiers};
@@ -317,11 +317,8 @@ async fn serve(
         None => RateLimiter::local(),
     };
     let edge = Edge::new(edge_config(&args, &file), auth.clone(), limiter);
-    let (state, local) = match (args.worker.is_empty(), local) {
-        (true, local) => {
-            let name = local.as_ref().map(|(_, n)| n.clone());
-            (AppState::with_models(name, upstreams, edge), local)
-        }
+    let (pool, local) = match (args.worker.is_empty(), local) {
+        (true, local) => (None, local),
         (false, None) => anyhow::bail!("--worker serves the model from workers: drop --no-engine"),
         (false, Some((path, name))) => {
             let policy = Policy::parse(&args.routing_policy).context("--routing-policy")?;
@@ -332,29 +329,28 @@ async fn serve(
             let pool = Arc::new(pool);
             pool.follow(client.clone());
             tracing::info!(workers = ?args.worker, policy = policy.as_str(), "serving {name} from workers");
-            (
-                AppState::with_models(None, upstreams, edge).with_pool(pool),
-                None,
-            )
+            (Some(pool), None)
         }
     };
-    let state = match tiers {
-        Some(tiers) => state.with_tiers(tiers),
-        None => state,
-    }
-    .with_store(store)
-    .with_agents(file.agent.clone())
-    .with_policies(Some(policies))
-    .with_response_cache(match (redis, args.no_response_cache) {
-        (_, true) => None,
-        (Some(redis), false) => Some(osprey_gateway::cache::ResponseCache::redis(redis)),
-        (None, false) => Some(osprey_gateway::cache::ResponseCache::memory()),
-    })
-    .with_ttft_slo(
-        (args.ttft_slo)
+    let state = Services::new(Wiring {
+        local: local.as_ref().map(|(_, name)| name.clone()),
+        upstreams,
+        pool,
+        tiers,
+        ttft_slo: (args.ttft_slo)
             .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
             .filter(|s| !s.is_zero()),
-    );
+        policies: Some(policies),
+        response_cache: match (redis, args.no_response_cache) {
+            (_, true) => None,
+            (Some(redis), false) => Some(osprey_gateway::cache::ResponseCache::redis(redis)),
+            (None, false) => Some(osprey_gateway::cache::ResponseCache::memory()),
+        },
+        store: Some(store),
+        library: osprey_rag::Library::at_home(),
+        agents: file.agent.clone(),
+        edge,
+    });
 
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -388,7 +384,7 @@ async fn serve(
 
 /// Loads the model at `path` on a blocking thread; `state` serves it once loaded (or says
 /// why it failed).
-pub fn load_in_background(state: &AppState, path: PathBuf, config: EngineConfig) {
+pub fn load_in_background(state: &Services, path: PathBuf, config: EngineConfig) {
     let loading = state.clone();
     tokio::task::spawn_blocking(move || match Engine::load(&path, config) {
         Ok(engine) => {

@@ -3,7 +3,7 @@
 //! the worker protocol: its load, and its prefix cache as KV events.
 
 use anyhow::Context;
-use osprey_gateway::{AppState, HttpConfig};
+use osprey_gateway::{HttpConfig, Services, Wiring};
 
 use crate::cli::WorkerArgs;
 use crate::serve::{engine_config, load_in_background, model_path, served_name, shutdown_signal};
@@ -15,9 +15,11 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         // The gateway in front screened each request under its tenant's policy.
-        let state = AppState::new(served_name(&args.engine))
-            .with_policies(None)
-            .with_response_cache(None);
+        let state = Services::new(Wiring {
+            policies: None,
+            response_cache: None,
+            ..Wiring::serving(served_name(&args.engine))
+        });
         let http = HttpConfig {
             max_body_bytes: args.max_body_bytes,
             fault_injection: false,

@@ -9,12 +9,12 @@ use osprey_rag::SearchQuery;
 use serde_json::{Value, json};
 
 use crate::edge::Caller;
-use crate::state::AppState;
+use crate::state::Services;
 
 /// Retrieval over some of the caller's collections.
 pub struct FileSearch {
     spec: ToolSpec,
-    state: AppState,
+    state: Services,
     caller: Caller,
     collections: Vec<String>,
     top_k: usize,
@@ -22,7 +22,7 @@ pub struct FileSearch {
 
 impl FileSearch {
     /// Searches `collections` as `caller`, `top_k` passages at most.
-    pub fn new(state: AppState, caller: Caller, collections: Vec<String>, top_k: usize) -> Self {
+    pub fn new(state: Services, caller: Caller, collections: Vec<String>, top_k: usize) -> Self {
         let parameters = json!({
             "type": "object",
             "properties": {"query": {"type": "string", "maxLength": 500,

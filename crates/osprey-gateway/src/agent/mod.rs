@@ -20,10 +20,10 @@ use osprey_core::Error;
 use serde_json::Value;
 
 use crate::edge::Caller;
-use crate::state::AppState;
+use crate::state::Services;
 
 /// The caller a run acts for, as handlers see one.
-pub fn caller_of(state: &AppState, run: &RunCaller) -> Caller {
+pub fn caller_of(state: &Services, run: &RunCaller) -> Caller {
     Caller {
         tenant: state.edge().tenant(&run.tenant),
         key_id: run.key_id.clone(),
@@ -45,7 +45,7 @@ pub fn grant(agents: &Agents, caller: &Caller) -> Result<Scopes, Error> {
 /// The tools of a request made by `caller` (its `file_search` over the caller's collections).
 pub async fn toolset(
     agents: &Agents,
-    state: &AppState,
+    state: &Services,
     caller: &Caller,
     tools: &[Value],
 ) -> Result<ToolSet, Error> {

@@ -9,12 +9,12 @@ use osprey_agent::{Decision, Item, Model, ToolSpec};
 use osprey_core::api::ToolMode;
 
 use crate::edge::Caller;
-use crate::state::AppState;
+use crate::state::Services;
 
 /// A served model, asked through the gateway's own chat path.
 pub struct ServedModel {
     /// Where requests go.
-    pub state: AppState,
+    pub state: Services,
     /// On whose behalf (its tenant's policy and limits).
     pub caller: Caller,
     /// The model.

@@ -21,8 +21,7 @@ use serde_json::{Value, json};
 
 use super::model::ServedModel;
 use crate::edge::Caller;
-use crate::error::store_error;
-use crate::state::AppState;
+use crate::state::Services;
 use osprey_agent::responses::{
     Agents, ResponsesRequest, RunCaller, RunEvent, Shown, StoreSink, response_object,
 };
@@ -42,20 +41,20 @@ pub struct Stored {
     pub caller: RunCaller,
 }
 
-fn store(state: &AppState) -> Result<&osprey_store::Store, Error> {
+fn store(state: &Services) -> Result<&osprey_store::Store, Error> {
     state
         .store()
         .ok_or_else(|| Error::new(ErrorKind::Unavailable, "Agent runs need a store (--store)."))
 }
 
 /// Reads run `id` as `owner` sees it (`None`: the admin).
-pub async fn load(state: &AppState, owner: Option<&Owner>, id: &str) -> Result<Stored, Error> {
+pub async fn load(state: &Services, owner: Option<&Owner>, id: &str) -> Result<Stored, Error> {
     let record = store(state)?.run(owner, id).await.map_err(|e| match e {
         osprey_store::StoreError::NotFound(_) => {
             Error::new(ErrorKind::NotFound, format!("No response {id}."))
                 .with_code("response_not_found")
         }
-        e => store_error(e),
+        e => osprey_core::Error::from(e),
     })?;
     let broken =
         |what: &str| Error::internal(format!("run {id}: its stored {what} does not parse"));
@@ -72,7 +71,7 @@ pub async fn load(state: &AppState, owner: Option<&Owner>, id: &str) -> Result<S
 }
 
 /// The response object of a stored run.
-pub fn show(state: &AppState, stored: &Stored) -> Value {
+pub fn show(state: &Services, stored: &Stored) -> Value {
     render(
         state,
         &stored.record,
@@ -82,7 +81,7 @@ pub fn show(state: &AppState, stored: &Stored) -> Value {
 }
 
 /// `run` (stored as `record`) as a response object.
-fn render(state: &AppState, record: &RunRecord, metadata: Option<&Value>, run: &Run) -> Value {
+fn render(state: &Services, record: &RunRecord, metadata: Option<&Value>, run: &Run) -> Value {
     let agents = state.agents().ok();
     let server_of = |name: &str| agents.and_then(|a| a.server_of(name));
     response_object(
@@ -100,7 +99,7 @@ fn render(state: &AppState, record: &RunRecord, metadata: Option<&Value>, run: &
 /// Starts a run of `request` for `caller` (a replay of `replay_of`, if given): the response
 /// once it ends or pauses, or its events as they happen.
 pub async fn start(
-    state: &AppState,
+    state: &Services,
     caller: &Caller,
     request: ResponsesRequest,
     body: Value,
@@ -168,7 +167,7 @@ pub async fn start(
     store(state)?
         .create_run(&record)
         .await
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     let stored = Stored {
         record,
         run,
@@ -181,7 +180,7 @@ pub async fn start(
 /// Answers approval request `approval` (the run's only pending one when `None`) of a run
 /// paused for approval, and drives it on.
 pub async fn resume(
-    state: &AppState,
+    state: &Services,
     mut stored: Stored,
     approval: Option<&str>,
     approve: bool,
@@ -228,7 +227,7 @@ pub async fn resume(
     let claimed = store(state)?
         .claim_run(&stored.run.id, RunStatus::RequiresApproval.as_str())
         .await
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     if !claimed {
         return Err(Error::new(
             ErrorKind::InvalidRequest,
@@ -248,7 +247,7 @@ pub async fn resume(
 /// Runs `stored` on a task of its own until it ends or pauses: its response object, or (for
 /// a streamed request) its events. Also the model tokens it spent.
 async fn drive(
-    state: &AppState,
+    state: &Services,
     agents: &Arc<Agents>,
     stored: Stored,
     tools: osprey_agent::ToolSet,

@@ -12,13 +12,13 @@ use osprey_core::backend::{Asked, Backend, GenRequest};
 
 use crate::edge::Caller;
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::Services;
 use crate::write::Writer;
 use timer::{RequestTimer, timed};
 
 /// `asked`'s answer from the local engine, streamed or whole; its token counts go to `usage`.
 pub async fn serve(
-    state: &AppState,
+    state: &Services,
     caller: Caller,
     usage: Arc<UsageReport>,
     asked: Asked,

@@ -11,7 +11,7 @@ use super::Routed;
 use crate::edge::{Admitted, Caller};
 use crate::error::ApiError;
 use crate::replay;
-use crate::state::{AppState, ServedBy};
+use crate::state::{ServedBy, Services};
 use osprey_router::auto;
 use osprey_router::fallback::{Fallback, Forwarded, RoutePlan};
 use osprey_router::upstream::{ROUTE_REASON, SERVED_BY, Upstream};
@@ -20,7 +20,7 @@ use osprey_router::upstream::{ROUTE_REASON, SERVED_BY, Upstream};
 /// answer's mean token logprob is below the floor, asks the tier above instead (`routed` then
 /// names that tier). The logprobs stay only if the client asked for them.
 pub(super) async fn checked<R: Routed>(
-    state: &AppState,
+    state: &Services,
     mut admitted: Admitted,
     mut body: JsonBody,
     path: &str,
@@ -67,7 +67,7 @@ pub(super) async fn checked<R: Routed>(
 /// Sends a generation request where the model its body names is served: through an upstream
 /// as it is (or to its fallbacks), to a worker of the pool, or typed for the local engine.
 pub(super) async fn dispatch<R: Routed>(
-    state: &AppState,
+    state: &Services,
     admitted: Admitted,
     mut body: JsonBody,
     path: &str,
@@ -114,7 +114,7 @@ pub(super) async fn dispatch<R: Routed>(
 
 /// `upstream`'s plan: its fallbacks that serve now (not the local engine while it loads) and
 /// that the caller's tenant may use.
-fn route_plan(state: &AppState, caller: &Caller, upstream: Arc<Upstream>) -> RoutePlan {
+fn route_plan(state: &Services, caller: &Caller, upstream: Arc<Upstream>) -> RoutePlan {
     let allowed =
         |m: &str| (caller.tenant.models.as_ref()).is_none_or(|ms| ms.iter().any(|a| a == m));
     let fallbacks = (upstream.fallbacks.iter())

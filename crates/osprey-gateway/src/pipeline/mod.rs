@@ -27,7 +27,7 @@ use crate::error::ApiError;
 use crate::flags::TenantFlags;
 use crate::outbound::Outbound;
 use crate::request_log::{LogText, Noted};
-use crate::state::AppState;
+use crate::state::Services;
 
 pub use own::{chat_answer, complete_chat};
 use stages::{Asked, Lookup};
@@ -87,7 +87,7 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    async fn new(state: &AppState, admitted: Admitted, body: JsonBody, path: &'static str) -> Self {
+    async fn new(state: &Services, admitted: Admitted, body: JsonBody, path: &'static str) -> Self {
         let tenant = &admitted.caller.tenant;
         let level = osprey_router::degrade::level_for(state.degradation().level(), tenant.premium);
         let flags = state.flags(&tenant.name).await;
@@ -112,7 +112,7 @@ impl Prepared {
 /// the recent answers: at level 5, and when every backend failed, the same request is given
 /// it again ([`crate::replay`]).
 pub async fn run<R: Routed>(
-    state: &AppState,
+    state: &Services,
     admitted: Admitted,
     body: JsonBody,
     path: &'static str,
@@ -143,12 +143,12 @@ pub async fn run<R: Routed>(
     let mut response = out.apply(response).await;
     let mut noted = Noted::default();
     if let Some(context) = context.as_mut() {
-        context.mark(&mut response);
-        context.note(&mut noted);
+        crate::context::mark(context, &mut response);
+        crate::context::note(context, &mut noted);
     }
-    if let Some(applied) = &applied {
-        applied.mark(&mut response);
-        noted.prompt = Some(applied.version());
+    if let Some(applied) = applied {
+        crate::prompts::mark(&applied, &mut response);
+        noted.prompt = Some((applied.name, applied.version));
     }
     response.extensions_mut().insert(noted);
     Ok(match recent {
@@ -158,13 +158,13 @@ pub async fn run<R: Routed>(
 }
 
 /// The request log's step, when the request's text is sampled.
-fn log_text(state: &AppState, p: &Prepared) -> Option<LogText> {
+fn log_text(state: &Services, p: &Prepared) -> Option<LogText> {
     state.request_log()?;
     LogText::new(p.admitted.caller.record.clone())
 }
 
 /// `response`, given again as it is, with its text noted for the request log.
-async fn logged(state: &AppState, p: &Prepared, response: Response) -> Response {
+async fn logged(state: &Services, p: &Prepared, response: Response) -> Response {
     let mut out = Outbound::default();
     out.push_some(log_text(state, p));
     out.apply(response).await

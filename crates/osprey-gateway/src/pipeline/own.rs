@@ -10,12 +10,12 @@ use serde_json::Value;
 use super::{CHAT_PATH, dispatch};
 use crate::edge::{Admitted, Caller};
 use crate::replay;
-use crate::state::AppState;
+use crate::state::Services;
 
 /// Asks for a chat completion on behalf of `caller`: the text of its answer. `body` names the
 /// model.
 pub async fn complete_chat(
-    state: &AppState,
+    state: &Services,
     caller: &Caller,
     body: Value,
 ) -> Result<String, Error> {
@@ -26,7 +26,7 @@ pub async fn complete_chat(
 }
 
 /// Like [`complete_chat`], the whole answer (its message with any tool calls, its usage).
-pub async fn chat_answer(state: &AppState, caller: &Caller, body: Value) -> Result<Value, Error> {
+pub async fn chat_answer(state: &Services, caller: &Caller, body: Value) -> Result<Value, Error> {
     let Value::Object(object) = body else {
         return Err(Error::internal(
             "the gateway's own request is not a JSON object",

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use axum::http::HeaderValue;
 use axum::response::Response;
+use osprey_context::memory::Context;
+use osprey_context::registry::Applied;
 use osprey_policy::pipeline::Pipeline;
 use osprey_policy::redact::Redactor;
 use osprey_store::Owner;
@@ -12,17 +14,15 @@ use tracing::Instrument;
 
 use super::{Prepared, Routed, dispatch};
 use crate::cache::{CacheKeep, ResponseCache};
-use crate::context::Context;
 use crate::error::ApiError;
-use crate::prompts::Applied;
 use crate::rag::Retrieved;
 use crate::replay::{self, Key};
 use crate::safety::{Auditor, GuardOut};
 use crate::semantic_cache::Similar;
-use crate::state::AppState;
+use crate::state::Services;
 use osprey_core::Error;
 use osprey_router::auto;
-use osprey_router::degrade::{DEGRADED, DEGRADED_MAX_TOKENS, DEGRADED_PARTIAL_MAX_TOKENS};
+use osprey_router::degrade::DEGRADED;
 use osprey_router::upstream::{ROUTE_REASON, warrants_fallback};
 
 /// What the body asks of the stages, read before any of them changes it.
@@ -36,8 +36,8 @@ impl Asked {
     pub(super) fn of(p: &Prepared) -> Self {
         let chat = p.is_chat();
         Self {
-            prompt: chat && crate::prompts::named(&p.body),
-            context: chat && crate::context::wanted(&p.body, &p.flags),
+            prompt: chat && osprey_context::registry::named(&p.body),
+            context: chat && osprey_context::memory::wanted(&p.body, &p.flags),
             rag: chat && crate::rag::wanted(&p.body),
         }
     }
@@ -61,7 +61,7 @@ pub(super) struct Guard {
 
 /// Guard-in: screens the input under the tenant's policy (or the one its flags name),
 /// redacting it in place.
-pub(super) async fn guard_in(state: &AppState, p: &mut Prepared) -> Result<Option<Guard>, Error> {
+pub(super) async fn guard_in(state: &Services, p: &mut Prepared) -> Result<Option<Guard>, Error> {
     let Some(policies) = state.policies() else {
         return Ok(None);
     };
@@ -83,7 +83,7 @@ pub(super) async fn guard_in(state: &AppState, p: &mut Prepared) -> Result<Optio
 
 /// Retrieve: puts passages from the collection the request names into its prompt.
 pub(super) async fn retrieve(
-    state: &AppState,
+    state: &Services,
     p: &mut Prepared,
     asked: &Asked,
     guard: Option<&Guard>,
@@ -98,11 +98,11 @@ pub(super) async fn retrieve(
 
 /// Prompt: applies the registered prompt the request names (retrieval may name one too).
 pub(super) async fn prompt(
-    state: &AppState,
+    state: &Services,
     p: &mut Prepared,
     asked: &Asked,
 ) -> Result<Option<Applied>, Error> {
-    let named = asked.prompt || (asked.rag && crate::prompts::named(&p.body));
+    let named = asked.prompt || (asked.rag && osprey_context::registry::named(&p.body));
     if !named {
         return Ok(None);
     }
@@ -114,7 +114,7 @@ pub(super) async fn prompt(
 
 /// Memory: puts in the user's facts, scratchpad and conversation, each within its budget.
 pub(super) async fn memory(
-    state: &AppState,
+    state: &Services,
     p: &mut Prepared,
     asked: &Asked,
 ) -> Result<Option<Context>, Error> {
@@ -141,7 +141,7 @@ impl Lookup {
     /// Looks the request up by its exact key, then (for tenants with the semantic cache) by
     /// meaning. A user's context makes the answer theirs: cached in their scope, and forgotten
     /// with them.
-    pub(super) async fn new(state: &AppState, p: &Prepared, context: Option<&Context>) -> Self {
+    pub(super) async fn new(state: &Services, p: &Prepared, context: Option<&Context>) -> Self {
         let owner = context.filter(|c| c.is_personal()).map(|c| c.owner.clone());
         let mut lookup = Self {
             cache: state.response_cache().cloned(),
@@ -211,29 +211,27 @@ pub(super) enum Answer {
     Recent(Response),
 }
 
-/// The degradation ladder, routing, and the backend: the ladder may answer from the recent
-/// answers (level 5), defer batch work (4) or cap the answer's length (1 and above); `auto`
-/// picks its tier; then the request goes where its model is served.
+/// The degradation ladder, routing, and the backend: the ladder's actions at the request's
+/// level ([`osprey_router::degrade::actions`]: answer from the recent answers, defer batch
+/// work, cap the answer's length); `auto` picks its tier; then the request goes where its
+/// model is served.
 pub(super) async fn backend<R: Routed>(
-    state: &AppState,
+    state: &Services,
     p: &mut Prepared,
     recent: Option<&Key>,
 ) -> Result<Answer, ApiError> {
     let level = p.level;
-    if level >= 5
+    let ladder = osprey_router::degrade::actions(level);
+    if ladder.replay_recent
         && let Some(mut response) = recent_answer(state, recent, "degraded")
     {
         degraded(&mut response, level);
         return Ok(Answer::Recent(response));
     }
-    if level >= 4 && p.body.is_batch(p.admitted.caller.tenant.priority) {
+    if ladder.defer_batch && p.body.is_batch(p.admitted.caller.tenant.priority) {
         return Err(osprey_router::degrade::deferred().into());
     }
-    if level >= 1 {
-        let cap = match level {
-            5.. => DEGRADED_PARTIAL_MAX_TOKENS,
-            _ => DEGRADED_MAX_TOKENS,
-        };
+    if let Some(cap) = ladder.max_tokens {
         p.body.cap_max_tokens(cap);
     }
     let mut routed = match p.admitted.model.as_deref() {
@@ -296,7 +294,7 @@ pub(super) async fn backend<R: Routed>(
 }
 
 /// The answer given to the request before (`key`), if any, counted as given for `why`.
-fn recent_answer(state: &AppState, key: Option<&Key>, why: &'static str) -> Option<Response> {
+fn recent_answer(state: &Services, key: Option<&Key>, why: &'static str) -> Option<Response> {
     let answer = state.recent().get(key?)?;
     metrics::counter!(osprey_core::metrics::CACHED_ANSWERS, "why" => why).increment(1);
     let mut response = answer.marked(replay::CACHE, "hit");

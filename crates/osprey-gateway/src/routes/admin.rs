@@ -15,14 +15,14 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, put};
 use osprey_core::{Error, ErrorKind};
-use osprey_store::{KeyRecord, NewKey, StoreError};
+use osprey_store::{KeyRecord, NewKey};
 use serde::Deserialize;
 
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::Services;
 
 /// The admin routes, each behind [`admin_only`]; with `faults`, the fault-injection route too.
-pub fn router(state: AppState, faults: bool) -> Router<AppState> {
+pub fn router(state: Services, faults: bool) -> Router<Services> {
     let routes = match faults {
         true => super::faults::routes(),
         false => Router::new(),
@@ -45,7 +45,7 @@ pub fn router(state: AppState, faults: bool) -> Router<AppState> {
         .route_layer(axum::middleware::from_fn_with_state(state, admin_only))
 }
 
-async fn admin_only(State(state): State<AppState>, req: Request, next: Next) -> Response {
+async fn admin_only(State(state): State<Services>, req: Request, next: Next) -> Response {
     let Some(admin_key) = state.edge().config().admin_key.as_deref() else {
         let e = Error::new(
             ErrorKind::Forbidden,
@@ -90,11 +90,7 @@ pub fn key_json(k: &KeyRecord) -> serde_json::Value {
     })
 }
 
-fn store_error(e: StoreError) -> ApiError {
-    ApiError(crate::error::store_error(e))
-}
-
-fn store(state: &AppState) -> Result<osprey_store::Store, ApiError> {
+fn store(state: &Services) -> Result<osprey_store::Store, ApiError> {
     state.edge().auth().store().cloned().ok_or_else(|| {
         ApiError(Error::new(
             ErrorKind::Unavailable,
@@ -142,7 +138,7 @@ struct CreateKey {
     security(("admin_key" = []))
 )]
 async fn create_key(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     let req: CreateKey = serde_json::from_slice(&body)
@@ -172,8 +168,13 @@ async fn create_key(
             tool_scopes: req.tool_scopes,
         })
         .await
-        .map_err(store_error)?;
-    state.edge().auth().refresh().await.map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
+    state
+        .edge()
+        .auth()
+        .refresh()
+        .await
+        .map_err(osprey_core::Error::from)?;
     let mut body = key_json(&created.record);
     body["key"] = created.secret.into();
     Ok((StatusCode::CREATED, Json(body)).into_response())
@@ -192,8 +193,11 @@ async fn create_key(
     ),
     security(("admin_key" = []))
 )]
-async fn list_keys(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
-    let keys = store(&state)?.list_keys().await.map_err(store_error)?;
+async fn list_keys(State(state): State<Services>) -> Result<Json<serde_json::Value>, ApiError> {
+    let keys = store(&state)?
+        .list_keys()
+        .await
+        .map_err(osprey_core::Error::from)?;
     let data: Vec<_> = keys.iter().map(key_json).collect();
     Ok(Json(serde_json::json!({"object": "list", "data": data})))
 }
@@ -223,14 +227,14 @@ struct AuditQuery {
     security(("admin_key" = []))
 )]
 async fn audit_log(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     axum::extract::Query(q): axum::extract::Query<AuditQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
     let entries = store(&state)?
         .audit_log(q.tenant.as_deref(), limit)
         .await
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     let data: Vec<_> = entries
         .iter()
         .map(|e| {
@@ -258,10 +262,13 @@ async fn audit_log(
     security(("admin_key" = []))
 )]
 async fn revoke_key(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let record = store(&state)?.revoke_key(&id).await.map_err(store_error)?;
+    let record = store(&state)?
+        .revoke_key(&id)
+        .await
+        .map_err(osprey_core::Error::from)?;
     state.edge().auth().forget(&id);
     if let Some(redis) = state.edge().limiter().redis()
         && let Err(e) = redis.revoke(&id).await
@@ -294,10 +301,13 @@ struct FlagQuery {
     security(("admin_key" = []))
 )]
 async fn list_flags(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     axum::extract::Query(q): axum::extract::Query<FlagQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let flags = store(&state)?.flags().await.map_err(store_error)?;
+    let flags = store(&state)?
+        .flags()
+        .await
+        .map_err(osprey_core::Error::from)?;
     let data: Vec<_> = (flags.iter())
         .filter(|f| q.tenant.as_deref().is_none_or(|t| t == f.tenant))
         .map(|f| {
@@ -330,7 +340,7 @@ async fn list_flags(
     security(("admin_key" = []))
 )]
 async fn set_flag(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path((tenant, flag)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -342,7 +352,7 @@ async fn set_flag(
     store(&state)?
         .set_flag(&tenant, &flag, &value.to_string())
         .await
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     Ok(Json(
         serde_json::json!({"tenant": tenant, "flag": flag, "value": value}),
     ))
@@ -367,10 +377,10 @@ async fn set_flag(
     security(("admin_key" = []))
 )]
 async fn unset_flag(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path((tenant, flag)): Path<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    (store(&state)?.unset_flag(&tenant, &flag).await).map_err(store_error)?;
+    (store(&state)?.unset_flag(&tenant, &flag).await).map_err(osprey_core::Error::from)?;
     Ok(Json(
         serde_json::json!({"tenant": tenant, "flag": flag, "deleted": true}),
     ))

@@ -13,13 +13,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::Services;
 
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new().route("/admin/scheduler", get(show).put(switch))
 }
 
-fn engine(state: &AppState) -> Result<Engine, ApiError> {
+fn engine(state: &Services) -> Result<Engine, ApiError> {
     state.engine().cloned().ok_or_else(|| {
         ApiError(Error::new(
             ErrorKind::NotFound,
@@ -58,7 +58,7 @@ fn view(engine: &Engine) -> Value {
     ),
     security(("admin_key" = []))
 )]
-async fn show(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+async fn show(State(state): State<Services>) -> Result<Json<Value>, ApiError> {
     Ok(Json(view(&engine(&state)?)))
 }
 
@@ -86,7 +86,7 @@ struct Switch {
     security(("admin_key" = []))
 )]
 async fn switch(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let req: Switch = serde_json::from_slice(&body)

@@ -19,11 +19,11 @@ use osprey_core::{Error, ErrorKind};
 use osprey_store::{Split, Store};
 use serde_json::{Value, json};
 
-use crate::error::{ApiError, store_error};
-use crate::state::AppState;
+use crate::error::ApiError;
+use crate::state::Services;
 
 /// The routes (the caller puts them behind the admin key).
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new()
         .route("/admin/prompts", get(list))
         .route("/admin/prompts/{name}", get(show).post(push))
@@ -36,7 +36,7 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
-fn store(state: &AppState) -> Result<Store, Error> {
+fn store(state: &Services) -> Result<Store, Error> {
     state.audit_store().ok_or_else(|| {
         Error::new(
             ErrorKind::Unavailable,
@@ -67,8 +67,11 @@ fn split_json(split: &Split) -> Value {
     ),
     security(("admin_key" = []))
 )]
-async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let prompts = store(&state)?.list_prompts().await.map_err(store_error)?;
+async fn list(State(state): State<Services>) -> Result<Json<Value>, ApiError> {
+    let prompts = store(&state)?
+        .list_prompts()
+        .await
+        .map_err(osprey_core::Error::from)?;
     let data: Vec<Value> = (prompts.iter())
         .map(|p| {
             let labels: serde_json::Map<String, Value> = (p.labels.iter())
@@ -101,7 +104,7 @@ async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     security(("admin_key" = []))
 )]
 async fn push(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -109,7 +112,8 @@ async fn push(
         .map_err(|_| Error::invalid("body", "the prompt definition must be UTF-8"))?;
     let def = PromptDef::parse(text).map_err(|e| Error::invalid("body", e.to_string()))?;
     valid_name(&name)?;
-    let v = (store(&state)?.push_prompt(&name, &def.to_json()).await).map_err(store_error)?;
+    let v = (store(&state)?.push_prompt(&name, &def.to_json()).await)
+        .map_err(osprey_core::Error::from)?;
     let body = json!({"name": v.name, "version": v.version, "created_at": v.created_at / 1000});
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
@@ -144,17 +148,24 @@ pub fn valid_name(name: &str) -> Result<(), Error> {
     security(("admin_key" = []))
 )]
 async fn show(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let store = store(&state)?;
-    let versions = store.prompt_versions(&name).await.map_err(store_error)?;
+    let versions = store
+        .prompt_versions(&name)
+        .await
+        .map_err(osprey_core::Error::from)?;
     if versions.is_empty() {
         return Err(
-            store_error(osprey_store::StoreError::NotFound(format!("prompt {name}"))).into(),
+            osprey_core::Error::from(osprey_store::StoreError::NotFound(format!("prompt {name}")))
+                .into(),
         );
     }
-    let labels = store.labels(&name).await.map_err(store_error)?;
+    let labels = store
+        .labels(&name)
+        .await
+        .map_err(osprey_core::Error::from)?;
     let labels: serde_json::Map<String, Value> = (labels.iter())
         .map(|(l, s)| (l.clone(), split_json(s)))
         .collect();
@@ -186,10 +197,11 @@ async fn show(
     security(("admin_key" = []))
 )]
 async fn version(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path((name, version)): Path<(String, i64)>,
 ) -> Result<Json<Value>, ApiError> {
-    let v = (store(&state)?.prompt_version(&name, version).await).map_err(store_error)?;
+    let v =
+        (store(&state)?.prompt_version(&name, version).await).map_err(osprey_core::Error::from)?;
     let definition: Value = serde_json::from_str(&v.body).unwrap_or(Value::Null);
     Ok(Json(
         json!({"name": v.name, "version": v.version, "created_at": v.created_at / 1000, "definition": definition}),
@@ -217,7 +229,7 @@ async fn version(
     security(("admin_key" = []))
 )]
 async fn diff_versions(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path(name): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
@@ -228,8 +240,8 @@ async fn diff_versions(
     let (from, to) = (number("from")?, number("to")?);
     let store = store(&state)?;
     let def = |body: &str| PromptDef::parse(body).map_err(|e| Error::internal(e.to_string()));
-    let a = (store.prompt_version(&name, from).await).map_err(store_error)?;
-    let b = (store.prompt_version(&name, to).await).map_err(store_error)?;
+    let a = (store.prompt_version(&name, from).await).map_err(osprey_core::Error::from)?;
+    let b = (store.prompt_version(&name, to).await).map_err(osprey_core::Error::from)?;
     let text = diff(
         &def(&a.body)?,
         &def(&b.body)?,
@@ -263,7 +275,7 @@ async fn diff_versions(
     security(("admin_key" = []))
 )]
 async fn set_label(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path((name, label)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
@@ -280,7 +292,7 @@ async fn set_label(
     }
     .map_err(|e| Error::invalid("split", e.to_string()))?;
     valid_name(&label)?;
-    (store(&state)?.set_label(&name, &label, &split).await).map_err(store_error)?;
+    (store(&state)?.set_label(&name, &label, &split).await).map_err(osprey_core::Error::from)?;
     Ok(Json(
         json!({"name": name, "label": label, "split": split_json(&split)}),
     ))
@@ -306,10 +318,11 @@ async fn set_label(
     security(("admin_key" = []))
 )]
 async fn rollback(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path((name, label)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let split = (store(&state)?.rollback_label(&name, &label).await).map_err(store_error)?;
+    let split =
+        (store(&state)?.rollback_label(&name, &label).await).map_err(osprey_core::Error::from)?;
     Ok(Json(
         json!({"name": name, "label": label, "split": split_json(&split)}),
     ))

@@ -14,17 +14,17 @@ use osprey_store::{RequestLogEntry, RequestLogQuery};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::error::{ApiError, store_error};
-use crate::state::AppState;
+use crate::error::ApiError;
+use crate::state::Services;
 
 /// The routes (behind the admin key).
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new()
         .route("/admin/requests", get(list))
         .route("/admin/requests/{id}", get(one))
 }
 
-fn store(state: &AppState) -> Result<&osprey_store::Store, Error> {
+fn store(state: &Services) -> Result<&osprey_store::Store, Error> {
     (state.store()).ok_or_else(|| Error::new(ErrorKind::Unavailable, "This server has no store."))
 }
 
@@ -67,7 +67,7 @@ struct ListQuery {
     security(("admin_key" = []))
 )]
 async fn list(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let query = RequestLogQuery {
@@ -80,7 +80,7 @@ async fn list(
         before: q.before,
         limit: q.limit.unwrap_or(100).clamp(1, 1000),
     };
-    let rows = (store(&state)?.request_log(&query).await).map_err(store_error)?;
+    let rows = (store(&state)?.request_log(&query).await).map_err(osprey_core::Error::from)?;
     let next = (rows.len() as i64 == query.limit)
         .then(|| rows.last().map(|r| r.seq))
         .flatten();
@@ -104,10 +104,11 @@ async fn list(
     security(("admin_key" = []))
 )]
 async fn one(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let row = (store(&state)?.request_log_entry(&id, None).await).map_err(store_error)?;
+    let row =
+        (store(&state)?.request_log_entry(&id, None).await).map_err(osprey_core::Error::from)?;
     let row = row.ok_or_else(|| {
         Error::new(
             ErrorKind::NotFound,

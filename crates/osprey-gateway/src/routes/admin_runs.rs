@@ -15,11 +15,11 @@ use serde_json::{Value, json};
 
 use super::responses::{decide, list_json, runs_page, steps_json};
 use crate::agent::runner;
-use crate::error::{ApiError, store_error};
-use crate::state::AppState;
+use crate::error::ApiError;
+use crate::state::Services;
 
 /// The routes (behind the admin key).
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new()
         .route("/admin/runs", get(list))
         .route("/admin/runs/{id}", get(read))
@@ -59,7 +59,7 @@ struct ListQuery {
     security(("admin_key" = []))
 )]
 async fn list(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(20).clamp(1, 100);
@@ -90,7 +90,7 @@ async fn list(
     security(("admin_key" = []))
 )]
 async fn read(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let stored = runner::load(&state, None, &id).await?;
@@ -119,7 +119,7 @@ async fn read(
     security(("admin_key" = []))
 )]
 async fn approve(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -144,7 +144,7 @@ async fn approve(
     security(("admin_key" = []))
 )]
 async fn reject(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -178,7 +178,7 @@ struct AuditQuery {
     security(("admin_key" = []))
 )]
 async fn tool_audit(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Query(q): Query<AuditQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let store = crate::routes::conversations::store(&state)?;
@@ -189,7 +189,7 @@ async fn tool_audit(
             q.limit.unwrap_or(100),
         )
         .await
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     let data: Vec<Value> = rows
         .iter()
         .map(|r| {

@@ -13,15 +13,15 @@ use osprey_core::{Error, ErrorKind};
 use osprey_store::Owner;
 use serde_json::{Value, json};
 
-use crate::error::{ApiError, store_error};
-use crate::state::AppState;
+use crate::error::ApiError;
+use crate::state::Services;
 
 /// The routes (behind the admin key).
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new().route("/admin/tenants/{tenant}/users/{user}", delete(delete_user))
 }
 
-fn store(state: &AppState) -> Result<&osprey_store::Store, Error> {
+fn store(state: &Services) -> Result<&osprey_store::Store, Error> {
     (state.store()).ok_or_else(|| Error::new(ErrorKind::Unavailable, "This server has no store."))
 }
 
@@ -43,11 +43,11 @@ fn store(state: &AppState) -> Result<&osprey_store::Store, Error> {
     security(("admin_key" = []))
 )]
 async fn delete_user(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path((tenant, user)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let owner = Owner { tenant, user };
-    let deleted = (store(&state)?.delete_user(&owner).await).map_err(store_error)?;
+    let deleted = (store(&state)?.delete_user(&owner).await).map_err(osprey_core::Error::from)?;
     let cached = match state.response_cache() {
         Some(cache) => cache.forget(&owner).await.map_err(|e| {
             Error::new(

@@ -19,8 +19,8 @@ use osprey_store::{BatchRecord, FileRecord, Store, StoreError};
 use serde_json::{Value, json};
 
 use crate::edge::{Admitted, Caller};
-use crate::error::{ApiError, store_error};
-use crate::state::AppState;
+use crate::error::ApiError;
+use crate::state::Services;
 
 /// The endpoints a batch may target.
 const ENDPOINTS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
@@ -30,7 +30,7 @@ const LINES_IN_FLIGHT: usize = 4;
 const MAX_WAITS: usize = 60;
 
 /// The routes (authentication is added by the caller).
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new()
         .route("/v1/files", post(upload))
         .route("/v1/files/{id}", get(file))
@@ -40,7 +40,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/batches/{id}/cancel", post(cancel))
 }
 
-fn store(state: &AppState) -> Result<&Store, Error> {
+fn store(state: &Services) -> Result<&Store, Error> {
     state.store().ok_or_else(|| {
         Error::new(
             ErrorKind::Unavailable,
@@ -105,7 +105,7 @@ struct Upload {
     security(("api_key" = []))
 )]
 async fn upload(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     mut form: Multipart,
 ) -> Result<Response, ApiError> {
@@ -130,7 +130,7 @@ async fn upload(
     let f = store(&state)?
         .create_file(&caller.tenant.name, &name, &purpose, &bytes)
         .await
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(file_json(&f)).into_response())
 }
 
@@ -150,11 +150,12 @@ async fn upload(
     security(("api_key" = []))
 )]
 async fn file(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let f = (store(&state)?.file(&caller.tenant.name, &id).await).map_err(store_error)?;
+    let f =
+        (store(&state)?.file(&caller.tenant.name, &id).await).map_err(osprey_core::Error::from)?;
     Ok(axum::Json(file_json(&f)).into_response())
 }
 
@@ -175,12 +176,12 @@ async fn file(
     security(("api_key" = []))
 )]
 async fn content(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let bytes =
-        (store(&state)?.file_content(&caller.tenant.name, &id).await).map_err(store_error)?;
+    let bytes = (store(&state)?.file_content(&caller.tenant.name, &id).await)
+        .map_err(osprey_core::Error::from)?;
     Ok(([(header::CONTENT_TYPE, "application/jsonl")], bytes).into_response())
 }
 
@@ -248,7 +249,7 @@ fn parse_lines(content: &[u8], endpoint: &str) -> Result<Vec<Line>, Error> {
     security(("api_key" = []))
 )]
 async fn create(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -280,13 +281,13 @@ async fn create(
             StoreError::NotFound(_) => {
                 Error::invalid("input_file_id", format!("No file {input} exists."))
             }
-            e => store_error(e),
+            e => osprey_core::Error::from(e),
         })?;
     let lines = parse_lines(&content, endpoint)?;
     let b = (store
         .create_batch(tenant, endpoint, input, window, lines.len() as i64)
         .await)
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     state.batches_changed();
     Ok(axum::Json(batch_json(&b)).into_response())
 }
@@ -307,11 +308,12 @@ async fn create(
     security(("api_key" = []))
 )]
 async fn batch(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let b = (store(&state)?.batch(&caller.tenant.name, &id).await).map_err(store_error)?;
+    let b =
+        (store(&state)?.batch(&caller.tenant.name, &id).await).map_err(osprey_core::Error::from)?;
     Ok(axum::Json(batch_json(&b)).into_response())
 }
 
@@ -329,10 +331,11 @@ async fn batch(
     security(("api_key" = []))
 )]
 async fn list(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Response, ApiError> {
-    let all = (store(&state)?.list_batches(&caller.tenant.name).await).map_err(store_error)?;
+    let all = (store(&state)?.list_batches(&caller.tenant.name).await)
+        .map_err(osprey_core::Error::from)?;
     let data: Vec<Value> = all.iter().map(batch_json).collect();
     let (first, last) = (
         data.first().map(|b| b["id"].clone()),
@@ -358,17 +361,18 @@ async fn list(
     security(("api_key" = []))
 )]
 async fn cancel(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let b = (store(&state)?.cancel_batch(&caller.tenant.name, &id).await).map_err(store_error)?;
+    let b = (store(&state)?.cancel_batch(&caller.tenant.name, &id).await)
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(batch_json(&b)).into_response())
 }
 
 /// Runs unfinished batches, oldest first, for as long as the server runs: woken by a new batch,
 /// and every few seconds in case another replica sharing the store made one.
-pub async fn run_batches(state: AppState) {
+pub async fn run_batches(state: Services) {
     let Some(store) = state.store().cloned() else {
         return;
     };
@@ -388,7 +392,7 @@ pub async fn run_batches(state: AppState) {
     }
 }
 
-async fn run_batch(state: &AppState, store: &Store, b: &BatchRecord) -> Result<(), StoreError> {
+async fn run_batch(state: &Services, store: &Store, b: &BatchRecord) -> Result<(), StoreError> {
     let content = store.file_content(&b.tenant, &b.input_file_id).await?;
     let Ok(lines) = parse_lines(&content, &b.endpoint) else {
         return store.finish_batch(&b.id, "failed", None).await;
@@ -438,7 +442,7 @@ async fn run_batch(state: &AppState, store: &Store, b: &BatchRecord) -> Result<(
 /// Sends line `i` through the generation path at batch priority, waiting while the server is
 /// too busy for batch work; whether it succeeded, and its output line.
 async fn run_line(
-    state: &AppState,
+    state: &Services,
     caller: &Caller,
     endpoint: &str,
     batch: &str,

@@ -30,7 +30,7 @@ use super::conversations::parse;
 use crate::edge::Caller;
 use crate::error::ApiError;
 use crate::rag::{collection, rag_error, search};
-use crate::state::AppState;
+use crate::state::Services;
 
 /// Documents one request may post.
 const MAX_DOCUMENTS: usize = 10_000;
@@ -38,7 +38,7 @@ const MAX_DOCUMENTS: usize = 10_000;
 const MAX_TOP_K: usize = 100;
 
 /// The routes (behind authentication).
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new()
         .route("/v1/collections", get(list_collections))
         .route("/v1/collections/{name}", delete(delete_collection))
@@ -128,7 +128,7 @@ struct PostedDocuments {
     security(("api_key" = []))
 )]
 async fn add_documents(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     request: Request,
@@ -283,7 +283,7 @@ async fn from_multipart(
     security(("api_key" = []))
 )]
 async fn job(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
@@ -311,7 +311,7 @@ async fn job(
     security(("api_key" = []))
 )]
 async fn list_collections(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let library = state.library().clone();
@@ -361,7 +361,7 @@ async fn list_collections(
     security(("api_key" = []))
 )]
 async fn delete_collection(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
@@ -390,7 +390,7 @@ async fn delete_collection(
     security(("api_key" = []))
 )]
 async fn list_documents(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
@@ -428,7 +428,7 @@ async fn list_documents(
     security(("api_key" = []))
 )]
 async fn delete_document(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<axum::Json<Value>, ApiError> {
@@ -497,7 +497,7 @@ struct SearchRequest {
     security(("api_key" = []))
 )]
 async fn search_route(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     body: Bytes,

@@ -4,7 +4,7 @@
 //!
 //! A conversation belongs to the caller's tenant and user (`x-osprey-user`); anyone else is
 //! told it does not exist. A chat request naming one (`"osprey": {"conversation": ID}`) is
-//! answered with its history ([`crate::conversation`]).
+//! answered with its history ([`osprey_context::conversation`]).
 
 use axum::Router;
 use std::collections::HashMap;
@@ -18,8 +18,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::edge::Caller;
-use crate::error::{ApiError, store_error};
-use crate::state::AppState;
+use crate::error::ApiError;
+use crate::state::Services;
 
 /// Items one request may add (OpenAI's limit).
 pub const MAX_ITEMS_PER_REQUEST: usize = 20;
@@ -27,7 +27,7 @@ pub const MAX_ITEMS_PER_REQUEST: usize = 20;
 const MAX_METADATA_PAIRS: usize = 16;
 
 /// The routes (behind authentication).
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new()
         .route("/v1/conversations", axum::routing::post(create))
         .route(
@@ -44,7 +44,7 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
-pub(crate) fn store(state: &AppState) -> Result<&Store, Error> {
+pub(crate) fn store(state: &Services) -> Result<&Store, Error> {
     state.store().ok_or_else(|| {
         Error::new(
             ErrorKind::Unavailable,
@@ -82,7 +82,7 @@ struct Create {
     security(("api_key" = []))
 )]
 async fn create(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     body: Bytes,
 ) -> Result<axum::Json<Value>, ApiError> {
@@ -93,7 +93,7 @@ async fn create(
     let (record, _) = (store(&state)?
         .create_conversation(&owner, &metadata, &items)
         .await)
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(conversation_json(&record)))
 }
 
@@ -113,12 +113,12 @@ async fn create(
     security(("api_key" = []))
 )]
 async fn retrieve(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
-    let record =
-        (store(&state)?.conversation(&caller.owner(None), &id).await).map_err(store_error)?;
+    let record = (store(&state)?.conversation(&caller.owner(None), &id).await)
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(conversation_json(&record)))
 }
 
@@ -148,7 +148,7 @@ struct Update {
     security(("api_key" = []))
 )]
 async fn update(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
@@ -158,7 +158,7 @@ async fn update(
     let record = (store(&state)?
         .update_conversation(&caller.owner(None), &id, &metadata)
         .await)
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(conversation_json(&record)))
 }
 
@@ -178,14 +178,14 @@ async fn update(
     security(("api_key" = []))
 )]
 async fn delete(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
     (store(&state)?
         .delete_conversation(&caller.owner(None), &id)
         .await)
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(
         json!({"id": id, "object": "conversation.deleted", "deleted": true}),
     ))
@@ -213,7 +213,7 @@ async fn delete(
     security(("api_key" = []))
 )]
 async fn list_items(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
@@ -241,8 +241,8 @@ async fn list_items(
         limit: limit + 1,
         newest_first,
     };
-    let mut items =
-        (store(&state)?.items(&caller.owner(None), &id, page).await).map_err(store_error)?;
+    let mut items = (store(&state)?.items(&caller.owner(None), &id, page).await)
+        .map_err(osprey_core::Error::from)?;
     let has_more = items.len() as i64 > limit;
     items.truncate(limit as usize);
     Ok(axum::Json(list_json(&items, has_more)))
@@ -275,7 +275,7 @@ struct AddItems {
     security(("api_key" = []))
 )]
 async fn add_items(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
@@ -288,7 +288,7 @@ async fn add_items(
     let added = (store(&state)?
         .append_items(&caller.owner(None), &id, &items)
         .await)
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(list_json(&added, false)))
 }
 
@@ -311,12 +311,12 @@ async fn add_items(
     security(("api_key" = []))
 )]
 async fn retrieve_item(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path((id, item)): Path<(String, String)>,
 ) -> Result<axum::Json<Value>, ApiError> {
-    let record =
-        (store(&state)?.item(&caller.owner(None), &id, &item).await).map_err(store_error)?;
+    let record = (store(&state)?.item(&caller.owner(None), &id, &item).await)
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(item_json(&record)))
 }
 
@@ -339,14 +339,14 @@ async fn retrieve_item(
     security(("api_key" = []))
 )]
 async fn delete_item(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path((id, item)): Path<(String, String)>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let owner: Owner = caller.owner(None);
     let store = store(&state)?;
-    (store.delete_item(&owner, &id, &item).await).map_err(store_error)?;
-    let record = (store.conversation(&owner, &id).await).map_err(store_error)?;
+    (store.delete_item(&owner, &id, &item).await).map_err(osprey_core::Error::from)?;
+    let record = (store.conversation(&owner, &id).await).map_err(osprey_core::Error::from)?;
     Ok(axum::Json(conversation_json(&record)))
 }
 

@@ -13,17 +13,17 @@ use axum::http::{HeaderMap, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::state::AppState;
+use crate::state::Services;
 
 const PAGE: &str = include_str!("../../assets/dashboard.html");
 
 /// The page (public).
-pub fn page() -> Router<AppState> {
+pub fn page() -> Router<Services> {
     Router::new().route("/", get(show))
 }
 
 /// Its admin routes (behind the admin key).
-pub fn admin_routes() -> Router<AppState> {
+pub fn admin_routes() -> Router<Services> {
     Router::new()
         .route("/admin/models", get(models))
         .route("/admin/playground", post(playground))
@@ -53,7 +53,7 @@ async fn show() -> impl IntoResponse {
     ),
     security(("admin_key" = []))
 )]
-async fn models(state: State<AppState>) -> axum::Json<osprey_core::api::ModelList> {
+async fn models(state: State<Services>) -> axum::Json<osprey_core::api::ModelList> {
     super::models::list(state).await
 }
 
@@ -83,7 +83,7 @@ async fn models(state: State<AppState>) -> axum::Json<osprey_core::api::ModelLis
     ),
     security(("admin_key" = []))
 )]
-async fn playground(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+async fn playground(State(state): State<Services>, headers: HeaderMap, body: Bytes) -> Response {
     let mut admitted = state.edge().unguarded();
     let body = osprey_core::api::JsonBody::parse(body);
     admitted.model = (body.as_ref().ok())

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::Services;
 
 /// Inputs one request may embed.
 const MAX_INPUTS: usize = 2048;
@@ -53,7 +53,7 @@ struct EmbeddingRequest {
     ),
     security(("api_key" = []))
 )]
-pub async fn create(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
+pub async fn create(State(state): State<Services>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let req: EmbeddingRequest = serde_json::from_slice(&body)
         .map_err(|e| Error::invalid("body", format!("Invalid request body: {e}")))?;
     let model = MINILM_WEIGHTS.served_name;

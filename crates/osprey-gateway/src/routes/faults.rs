@@ -6,10 +6,10 @@
 use axum::Router;
 use axum::routing::post;
 
-use crate::state::AppState;
+use crate::state::Services;
 
 /// The fault-injection routes.
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new().route("/admin/faults/panic", post(panic_in_handler))
 }
 

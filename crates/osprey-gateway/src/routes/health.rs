@@ -4,7 +4,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 
-use crate::state::AppState;
+use crate::state::Services;
 
 /// Liveness: the process answers.
 #[utoipa::path(
@@ -33,7 +33,7 @@ pub async fn health() -> impl IntoResponse {
         (status = 503, description = "Not yet: the model loading, or no worker live", body = Object),
     )
 )]
-pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
+pub async fn ready(State(state): State<Services>) -> impl IntoResponse {
     if let Some(pool) = state.pool() {
         let workers = pool.workers();
         let live = workers.iter().filter(|(_, live)| *live).count();
@@ -92,7 +92,7 @@ pub async fn ready(State(state): State<AppState>) -> impl IntoResponse {
         (status = 404, response = crate::openapi::NotFound),
     )
 )]
-pub async fn metrics(State(state): State<AppState>) -> axum::response::Response {
+pub async fn metrics(State(state): State<Services>) -> axum::response::Response {
     let Some(handle) = crate::metrics::install() else {
         let off = osprey_core::Error::new(
             osprey_core::ErrorKind::NotFound,

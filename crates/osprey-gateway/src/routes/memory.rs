@@ -11,7 +11,7 @@
 //! | `DELETE /v1/memory/working/{name}` | deletes one |
 //!
 //! Chat requests put them in their prompt with `"osprey": {"memory": true}` and
-//! `{"working_memory": NAME}` ([`crate::context`]).
+//! `{"working_memory": NAME}` ([`osprey_context::memory`]).
 
 use axum::Router;
 use axum::body::Bytes;
@@ -24,8 +24,8 @@ use serde_json::{Value, json};
 
 use super::conversations::{parse, store};
 use crate::edge::Caller;
-use crate::error::{ApiError, store_error};
-use crate::state::AppState;
+use crate::error::ApiError;
+use crate::state::Services;
 
 /// Characters a fact may have.
 const MAX_FACT_CHARS: usize = 1000;
@@ -37,7 +37,7 @@ const DEFAULT_TTL_SECONDS: u64 = 3600;
 const MAX_TTL_SECONDS: u64 = 7 * 24 * 3600;
 
 /// The routes (behind authentication).
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new()
         .route("/v1/memory/facts", get(list_facts).post(add_fact))
         .route("/v1/memory/facts/{id}", delete(delete_fact))
@@ -72,7 +72,7 @@ struct NewFact {
     security(("api_key" = []))
 )]
 async fn add_fact(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     body: Bytes,
 ) -> Result<axum::Json<Value>, ApiError> {
@@ -85,7 +85,7 @@ async fn add_fact(
     let record = (store(&state)?
         .add_fact(&caller.owner(None), content, "api")
         .await)
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(fact_json(&record)))
 }
 
@@ -103,10 +103,11 @@ async fn add_fact(
     security(("api_key" = []))
 )]
 async fn list_facts(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
 ) -> Result<axum::Json<Value>, ApiError> {
-    let facts = (store(&state)?.facts(&caller.owner(None)).await).map_err(store_error)?;
+    let facts =
+        (store(&state)?.facts(&caller.owner(None)).await).map_err(osprey_core::Error::from)?;
     let data: Vec<Value> = facts.iter().map(fact_json).collect();
     Ok(axum::Json(json!({"object": "list", "data": data})))
 }
@@ -127,11 +128,12 @@ async fn list_facts(
     security(("api_key" = []))
 )]
 async fn delete_fact(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
-    (store(&state)?.delete_fact(&caller.owner(None), &id).await).map_err(store_error)?;
+    (store(&state)?.delete_fact(&caller.owner(None), &id).await)
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(
         json!({"id": id, "object": "memory.fact.deleted", "deleted": true}),
     ))
@@ -166,7 +168,7 @@ struct Scratchpad {
     security(("api_key" = []))
 )]
 async fn write_working(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     body: Bytes,
@@ -185,7 +187,7 @@ async fn write_working(
     let record = (store(&state)?
         .set_working(&caller.owner(None), &name, &pad.content, ttl as i64 * 1000)
         .await)
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(working_json(&record)))
 }
 
@@ -205,11 +207,12 @@ async fn write_working(
     security(("api_key" = []))
 )]
 async fn read_working(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
-    let record = (store(&state)?.working(&caller.owner(None), &name).await).map_err(store_error)?;
+    let record = (store(&state)?.working(&caller.owner(None), &name).await)
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(working_json(&record)))
 }
 
@@ -227,10 +230,11 @@ async fn read_working(
     security(("api_key" = []))
 )]
 async fn list_working(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
 ) -> Result<axum::Json<Value>, ApiError> {
-    let pads = (store(&state)?.working_list(&caller.owner(None)).await).map_err(store_error)?;
+    let pads = (store(&state)?.working_list(&caller.owner(None)).await)
+        .map_err(osprey_core::Error::from)?;
     let data: Vec<Value> = pads.iter().map(working_json).collect();
     Ok(axum::Json(json!({"object": "list", "data": data})))
 }
@@ -251,14 +255,14 @@ async fn list_working(
     security(("api_key" = []))
 )]
 async fn delete_working(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
     (store(&state)?
         .delete_working(&caller.owner(None), &name)
         .await)
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     Ok(axum::Json(
         json!({"name": name, "object": "memory.working.deleted", "deleted": true}),
     ))

@@ -34,7 +34,7 @@ use crate::error::{ApiError, not_found, panic_response};
 use crate::pipeline::{self, CHAT_PATH, COMPLETIONS_PATH};
 use crate::replay;
 pub use crate::sse::FINGERPRINT;
-use crate::state::AppState;
+use crate::state::Services;
 
 /// Settings of the HTTP layer.
 #[derive(Clone, Debug)]
@@ -60,7 +60,7 @@ impl Default for HttpConfig {
 
 /// All routes, with the edge in front of `/v1`, the body limit, panic isolation and request
 /// metrics.
-pub fn router(state: AppState, config: &HttpConfig) -> Router {
+pub fn router(state: Services, config: &HttpConfig) -> Router {
     let edge = EdgeLayer {
         app: state.clone(),
         max_body_bytes: config.max_body_bytes,
@@ -103,12 +103,12 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
 
 /// The routes of `osprey worker`: generation without the edge (the gateway in front did that),
 /// the worker protocol (`/worker/load`, `/worker/events`), health, readiness and metrics.
-pub fn worker_router(state: AppState, config: &HttpConfig) -> Router {
+pub fn worker_router(state: Services, config: &HttpConfig) -> Router {
     finish(worker::routes(), state, config)
 }
 
 /// `routes` plus health, readiness, metrics and the layers every server has.
-fn finish(routes: Router<AppState>, state: AppState, config: &HttpConfig) -> Router {
+fn finish(routes: Router<Services>, state: Services, config: &HttpConfig) -> Router {
     routes
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
@@ -126,7 +126,7 @@ fn finish(routes: Router<AppState>, state: AppState, config: &HttpConfig) -> Rou
 /// What a generation route takes of its request: the caller the edge admitted, the headers,
 /// and the body as the edge parsed it (taken, not copied), or parsed here if the edge could not.
 async fn admitted_request(
-    state: &AppState,
+    state: &Services,
     req: Request,
 ) -> (Admitted, HeaderMap, Result<JsonBody, osprey_core::Error>) {
     let (mut parts, body) = req.into_parts();
@@ -147,7 +147,7 @@ async fn admitted_request(
 /// route answers it: once, if `headers` name it ([`replay::idempotency_key`]), and logged.
 pub(crate) async fn generate_for(
     endpoint: &str,
-    state: AppState,
+    state: Services,
     admitted: Extension<Admitted>,
     headers: &HeaderMap,
     body: Result<JsonBody, osprey_core::Error>,
@@ -219,7 +219,7 @@ pub(crate) async fn generate_for(
     ),
     security(("api_key" = []))
 )]
-async fn chat_completions(State(state): State<AppState>, req: Request) -> Response {
+async fn chat_completions(State(state): State<Services>, req: Request) -> Response {
     let (admitted, headers, body) = admitted_request(&state, req).await;
     let admitted = Extension(admitted);
     generate_for("/v1/chat/completions", state, admitted, &headers, body).await
@@ -250,7 +250,7 @@ async fn chat_completions(State(state): State<AppState>, req: Request) -> Respon
     ),
     security(("api_key" = []))
 )]
-async fn completions(State(state): State<AppState>, req: Request) -> Response {
+async fn completions(State(state): State<Services>, req: Request) -> Response {
     let (admitted, headers, body) = admitted_request(&state, req).await;
     let admitted = Extension(admitted);
     generate_for("/v1/completions", state, admitted, &headers, body).await

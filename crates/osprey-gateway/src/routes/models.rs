@@ -6,9 +6,9 @@ use osprey_core::Error;
 use osprey_core::api::{ModelCard, ModelList};
 
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::Services;
 
-fn cards(state: &AppState) -> Vec<ModelCard> {
+fn cards(state: &Services) -> Vec<ModelCard> {
     let local = state.model_name().map(|name| ModelCard {
         id: name.to_owned(),
         object: "model".into(),
@@ -57,7 +57,7 @@ fn cards(state: &AppState) -> Vec<ModelCard> {
     ),
     security(("api_key" = []))
 )]
-pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
+pub async fn list(State(state): State<Services>) -> Json<ModelList> {
     Json(ModelList {
         object: "list".into(),
         data: cards(&state),
@@ -79,7 +79,7 @@ pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     security(("api_key" = []))
 )]
 pub async fn get(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
     cards(&state)

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::edge::Caller;
 use crate::error::ApiError;
 use crate::safety::action_name;
-use crate::state::AppState;
+use crate::state::Services;
 
 /// The model name moderation results carry.
 pub const MODEL: &str = "osprey-guard-1";
@@ -41,7 +41,7 @@ const CATEGORIES: [Category; 3] = [
     security(("api_key" = []))
 )]
 pub async fn create(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     caller: Option<Extension<Caller>>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {

@@ -20,12 +20,12 @@ use serde_json::{Value, json};
 
 use crate::agent::runner::{self, Stored};
 use crate::edge::{Admitted, Caller};
-use crate::error::{ApiError, store_error};
-use crate::state::AppState;
+use crate::error::ApiError;
+use crate::state::Services;
 use osprey_agent::responses::ResponsesRequest;
 
 /// The routes besides `POST /v1/responses` (behind authentication).
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new()
         .route("/v1/responses", get(list))
         .route("/v1/responses/{id}", get(read))
@@ -64,7 +64,7 @@ pub fn routes() -> Router<AppState> {
     security(("api_key" = []))
 )]
 pub async fn create(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     admitted: Option<Extension<Admitted>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -92,7 +92,7 @@ pub async fn create(
     security(("api_key" = []))
 )]
 async fn read(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -101,9 +101,12 @@ async fn read(
 }
 
 /// The steps of a stored run, as the API shows them.
-pub async fn steps_json(state: &AppState, id: &str) -> Result<Value, Error> {
+pub async fn steps_json(state: &Services, id: &str) -> Result<Value, Error> {
     let store = crate::routes::conversations::store(state)?;
-    let steps = store.run_steps(id).await.map_err(store_error)?;
+    let steps = store
+        .run_steps(id)
+        .await
+        .map_err(osprey_core::Error::from)?;
     let data: Vec<Value> = steps
         .iter()
         .map(|s| {
@@ -131,7 +134,7 @@ pub async fn steps_json(state: &AppState, id: &str) -> Result<Value, Error> {
     security(("api_key" = []))
 )]
 async fn steps(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -181,7 +184,7 @@ pub fn list_json(records: &[osprey_store::RunRecord], limit: i64) -> Value {
     security(("api_key" = []))
 )]
 async fn list(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
@@ -211,7 +214,7 @@ pub async fn runs_page(
             (osprey_store::StoreError::NotFound(_), Some(after)) => {
                 Error::invalid("after", format!("No run {after} to list after."))
             }
-            (e, _) => store_error(e),
+            (e, _) => osprey_core::Error::from(e),
         })
 }
 
@@ -236,7 +239,7 @@ fn answer_of(body: &Bytes) -> Result<Answer, Error> {
 /// Approves (or rejects) a paused run's call as `body` says and resumes it; `owner` is the
 /// caller's (`None`: an operator's, who may answer any run).
 pub async fn decide(
-    state: &AppState,
+    state: &Services,
     owner: Option<&osprey_store::Owner>,
     id: &str,
     body: &Bytes,
@@ -270,7 +273,7 @@ pub async fn decide(
     security(("api_key" = []))
 )]
 async fn approve(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
@@ -296,7 +299,7 @@ async fn approve(
     security(("api_key" = []))
 )]
 async fn reject(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
@@ -321,7 +324,7 @@ async fn reject(
     security(("api_key" = []))
 )]
 async fn cancel(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -345,7 +348,7 @@ async fn cancel(
     if !store
         .claim_run(&id, status.as_str())
         .await
-        .map_err(store_error)?
+        .map_err(osprey_core::Error::from)?
     {
         return Err(
             Error::new(ErrorKind::InvalidRequest, format!("response {id} moved on")).into(),
@@ -356,7 +359,7 @@ async fn cancel(
     store
         .save_run_step(&id, RunStatus::Cancelled.as_str(), &state_json, None)
         .await
-        .map_err(store_error)?;
+        .map_err(osprey_core::Error::from)?;
     Ok(Json(runner::show(&state, &stored)))
 }
 
@@ -378,7 +381,7 @@ async fn cancel(
     security(("api_key" = []))
 )]
 async fn replay(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {

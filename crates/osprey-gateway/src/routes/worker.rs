@@ -19,13 +19,13 @@ use super::{generate_for, models};
 use crate::edge::Admitted;
 use crate::error::ApiError;
 use crate::sse::{async_stream, stream_response};
-use crate::state::AppState;
+use crate::state::Services;
 use osprey_router::workers::protocol::{
     CACHE_SALT, HEARTBEAT, KvBatch, LOAD_INTERVAL, Load, PRIORITY, Snapshot,
 };
 
 /// The worker's own routes (health, readiness and metrics are added by the caller).
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Services> {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(text_completions))
@@ -36,7 +36,7 @@ pub fn routes() -> Router<AppState> {
 
 /// The caller a gateway forwarded: the open tenant, under the cache salt and default priority
 /// the gateway named.
-fn forwarded(state: &AppState, headers: &HeaderMap) -> Extension<Admitted> {
+fn forwarded(state: &Services, headers: &HeaderMap) -> Extension<Admitted> {
     let mut admitted = state.edge().unguarded();
     let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
     let mut tenant = (*admitted.caller.tenant).clone();
@@ -53,7 +53,7 @@ fn forwarded(state: &AppState, headers: &HeaderMap) -> Extension<Admitted> {
 }
 
 async fn chat_completions(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -63,7 +63,7 @@ async fn chat_completions(
 }
 
 async fn text_completions(
-    State(state): State<AppState>,
+    State(state): State<Services>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -72,7 +72,7 @@ async fn text_completions(
     generate_for("/v1/completions", state, admitted, &headers, body).await
 }
 
-fn engine(state: &AppState) -> Result<osprey_engine::Engine, ApiError> {
+fn engine(state: &Services) -> Result<osprey_engine::Engine, ApiError> {
     state.engine().cloned().ok_or_else(|| {
         Error::new(
             ErrorKind::Unavailable,
@@ -84,7 +84,7 @@ fn engine(state: &AppState) -> Result<osprey_engine::Engine, ApiError> {
 }
 
 /// `GET /worker/load`.
-async fn load(State(state): State<AppState>) -> Result<Response, ApiError> {
+async fn load(State(state): State<Services>) -> Result<Response, ApiError> {
     Ok(axum::Json(Load::of(
         engine(&state)?.stats(),
         state.degradation().recent_ttft(),
@@ -93,7 +93,7 @@ async fn load(State(state): State<AppState>) -> Result<Response, ApiError> {
 }
 
 /// `GET /worker/events`: a snapshot of the prefix cache, then its changes and the load.
-async fn events(State(state): State<AppState>) -> Result<Response, ApiError> {
+async fn events(State(state): State<Services>) -> Result<Response, ApiError> {
     let engine = engine(&state)?;
     let ladder = state.degradation().clone();
     let stream = async_stream(move |tx| async move {

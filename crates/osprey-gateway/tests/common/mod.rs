@@ -18,7 +18,7 @@ use osprey_gateway::config::{AdmissionConfig, EdgeConfig, TenantConfig, Upstream
 use osprey_gateway::edge::Edge;
 use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::shared_redis::SharedRedis;
-use osprey_gateway::{AppState, HttpConfig};
+use osprey_gateway::{HttpConfig, Services, Wiring};
 use osprey_router::upstream::{Upstream, http_client};
 use osprey_store::{NewKey, Store};
 use serde_json::{Value, json};
@@ -152,12 +152,16 @@ pub async fn gateway(setup: Setup) -> String {
             Upstream::new(name, &config, http_client()).unwrap()
         })
         .collect();
-    let state = AppState::with_models(None, upstreams, Edge::new(config, auth, limiter));
+    let state = Services::new(Wiring::new(
+        None,
+        upstreams,
+        Edge::new(config, auth, limiter),
+    ));
     serve(state).await
 }
 
 /// Serves `state` on a free local port; returns its base URL.
-pub async fn serve(state: AppState) -> String {
+pub async fn serve(state: Services) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

@@ -83,9 +83,52 @@ pub fn level_for(level: u8, premium: bool) -> u8 {
     }
 }
 
+/// What the ladder does to a request at a level (levels 2 and 3 act in [`crate::auto`]'s
+/// choice of tier), for the backend stage to apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Actions {
+    /// A request answered recently is given that answer again (level 5).
+    pub replay_recent: bool,
+    /// Batch work is turned away with `retry-after` (level 4 and above).
+    pub defer_batch: bool,
+    /// `max_tokens` is capped to this (level 1 and above; much smaller at 5).
+    pub max_tokens: Option<u64>,
+}
+
+/// The ladder's actions at `level` (the level the request's tenant sees).
+pub fn actions(level: u8) -> Actions {
+    Actions {
+        replay_recent: level >= 5,
+        defer_batch: level >= 4,
+        max_tokens: match level {
+            0 => None,
+            1..5 => Some(DEGRADED_MAX_TOKENS),
+            _ => Some(DEGRADED_PARTIAL_MAX_TOKENS),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_level_adds_its_action_to_those_below() {
+        assert_eq!(
+            actions(0),
+            Actions {
+                replay_recent: false,
+                defer_batch: false,
+                max_tokens: None
+            }
+        );
+        assert_eq!(actions(1).max_tokens, Some(DEGRADED_MAX_TOKENS));
+        assert!(!actions(3).defer_batch);
+        assert!(actions(4).defer_batch && !actions(4).replay_recent);
+        let top = actions(MAX_LEVEL);
+        assert!(top.replay_recent && top.defer_batch);
+        assert_eq!(top.max_tokens, Some(DEGRADED_PARTIAL_MAX_TOKENS));
+    }
 
     #[test]
     fn levels_trigger_with_load_and_clear_below_a_margin() {

@@ -90,7 +90,10 @@ pub fn run(args: StructuredBenchArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let state = osprey_gateway::AppState::new(MODEL).with_response_cache(None);
+        let state = osprey_gateway::Services::new(osprey_gateway::Wiring {
+            response_cache: None,
+            ..osprey_gateway::Wiring::serving(MODEL)
+        });
         state.set_engine(engine.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
