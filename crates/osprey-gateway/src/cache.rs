@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 use crate::outbound::{Seen, Step};
 use crate::replay::{Answers, CACHE, KEPT_FOR};
 use crate::semantic_cache::{SIMILARITY_HEADER, SemanticIndex, Similar};
-use crate::shared_redis::SharedRedis;
+use osprey_store::SharedRedis;
 
 /// How long Redis may take to answer before the lookup counts as a miss.
 const REDIS_TIMEOUT: Duration = Duration::from_millis(100);

@@ -29,8 +29,8 @@ use crate::admission::{Admission, Place};
 use crate::auth::Authenticator;
 use crate::config::{EdgeConfig, OPEN_TENANT, Tenant};
 use crate::error::ApiError;
-use crate::limits::{Bucket, BucketState, Decision, RateLimiter, Unit, Verdict};
 use crate::state::Services;
+use osprey_limits::{Bucket, BucketState, Decision, RateLimiter, Unit, Verdict};
 
 /// Completion tokens assumed on admission for a request that sets no `max_tokens` (and has
 /// no cap); corrected to the truth when it ends.
@@ -119,6 +119,9 @@ pub struct Edge {
 impl Edge {
     /// An edge with `config`, checking keys with `auth` and limits with `limiter`.
     pub fn new(config: EdgeConfig, auth: Arc<Authenticator>, limiter: RateLimiter) -> Self {
+        // The recorder first, or the limiter's gauge would be set before anything records it.
+        crate::metrics::install();
+        limiter.announce();
         Self {
             admission: Admission::new(config.admission),
             config,

@@ -2,9 +2,9 @@
 //! OpenAI-compatible servers.
 //!
 //! - [`edge`]: what every `/v1` request passes first: [`auth`] (API keys), tenants
-//!   ([`config`]), [`admission`] control, and [`limits`] (GCRA rate limits, in memory or shared
-//!   through Redis), with OpenAI's `x-ratelimit-*` headers on the way out;
-//! - [`shared_redis`]: the one connection to `--redis` the limits and the response cache share;
+//!   ([`config`]), [`admission`] control, and rate limits ([`osprey_limits`]: GCRA, in memory
+//!   or shared through Redis), with OpenAI's `x-ratelimit-*` headers on the way out; the limits
+//!   and the response cache share one connection to `--redis` ([`osprey_store::SharedRedis`]);
 //! - [`pipeline`]: the stages of a generation request, in order, over its body parsed once
 //!   ([`osprey_core::api::JsonBody`]); [`local`] is the engine of this process as its backend;
 //!   the other backends are `osprey-router`'s: [`osprey_router::upstream`] (models served by
@@ -60,7 +60,6 @@ pub mod edge;
 pub mod error;
 pub mod flags;
 pub mod ingest;
-pub mod limits;
 pub mod local;
 pub mod metrics;
 pub mod openapi;
@@ -74,7 +73,6 @@ pub mod request_log;
 pub mod routes;
 pub mod safety;
 pub mod semantic_cache;
-pub mod shared_redis;
 pub mod sse;
 pub mod state;
 pub mod telemetry;

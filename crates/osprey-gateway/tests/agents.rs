@@ -13,8 +13,8 @@ use osprey_agent::{AgentConfig, Budget, Scopes};
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{EdgeConfig, TenantConfig};
 use osprey_gateway::edge::Edge;
-use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::{Services, Wiring};
+use osprey_limits::RateLimiter;
 use osprey_store::{NewKey, Store};
 use serde_json::{Value, json};
 

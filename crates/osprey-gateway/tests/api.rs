@@ -365,7 +365,7 @@ async fn the_ladder_follows_the_requests_in_flight() {
     use osprey_gateway::auth::Authenticator;
     use osprey_gateway::config::{AdmissionConfig, EdgeConfig};
     use osprey_gateway::edge::Edge;
-    use osprey_gateway::limits::RateLimiter;
+    use osprey_limits::RateLimiter;
     let config = EdgeConfig {
         admission: AdmissionConfig {
             max_in_flight: 4,

@@ -3,8 +3,8 @@
 //! gateway answers from what the first one kept.
 
 use osprey_gateway::cache::ResponseCache;
-use osprey_gateway::shared_redis::SharedRedis;
 use osprey_gateway::{Services, Wiring};
+use osprey_store::SharedRedis;
 use serde_json::{Value, json};
 
 use crate::common;

@@ -6,8 +6,8 @@
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::EdgeConfig;
 use osprey_gateway::edge::Edge;
-use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::{Services, Wiring};
+use osprey_limits::RateLimiter;
 use osprey_store::Store;
 use serde_json::{Value, json};
 

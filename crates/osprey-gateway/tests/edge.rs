@@ -423,7 +423,7 @@ async fn a_stopping_gateway_finishes_the_answer_in_flight_and_logs_it() {
     let edge = osprey_gateway::edge::Edge::new(
         osprey_gateway::config::EdgeConfig::default(),
         auth,
-        osprey_gateway::limits::RateLimiter::local(),
+        osprey_limits::RateLimiter::local(),
     );
     let state = osprey_gateway::Services::new(osprey_gateway::Wiring {
         store: Some(store.clone()),

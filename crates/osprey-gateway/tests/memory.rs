@@ -9,9 +9,9 @@ use osprey_gateway::auth::Authenticator;
 use osprey_gateway::cache::ResponseCache;
 use osprey_gateway::config::EdgeConfig;
 use osprey_gateway::edge::Edge;
-use osprey_gateway::limits::RateLimiter;
-use osprey_gateway::shared_redis::SharedRedis;
 use osprey_gateway::{Services, Wiring};
+use osprey_limits::RateLimiter;
+use osprey_store::SharedRedis;
 use osprey_store::{Owner, Store};
 use serde_json::{Value, json};
 

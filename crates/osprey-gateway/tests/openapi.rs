@@ -8,8 +8,8 @@ use std::path::Path;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::EdgeConfig;
 use osprey_gateway::edge::Edge;
-use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::{Services, Wiring};
+use osprey_limits::RateLimiter;
 use serde_json::Value;
 use utoipa::OpenApi;
 

@@ -12,8 +12,8 @@ use base64::Engine as _;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{EdgeConfig, TenantConfig};
 use osprey_gateway::edge::Edge;
-use osprey_gateway::limits::RateLimiter;
 use osprey_gateway::{Services, Wiring};
+use osprey_limits::RateLimiter;
 use osprey_store::NewKey;
 use serde_json::{Value, json};
 

@@ -329,7 +329,7 @@ async fn flagged_keys_are_audited_and_throttled() {
     use osprey_gateway::auth::Authenticator;
     use osprey_gateway::config::EdgeConfig;
     use osprey_gateway::edge::Edge;
-    use osprey_gateway::limits::RateLimiter;
+    use osprey_limits::RateLimiter;
     let path = std::env::temp_dir().join(format!("osprey-safety-audit-{}.db", std::process::id()));
     let store = osprey_store::Store::open(&format!("sqlite://{}", path.display()))
         .await

@@ -142,7 +142,7 @@ async fn a_failing_model_falls_back_in_order_and_says_so() {
     use osprey_gateway::auth::Authenticator;
     use osprey_gateway::config::{EdgeConfig, UpstreamConfig};
     use osprey_gateway::edge::Edge;
-    use osprey_gateway::limits::RateLimiter;
+    use osprey_limits::RateLimiter;
     use osprey_router::upstream::{Upstream, check_fallbacks, http_client};
 
     let (down, down_seen) = flaky_upstream(usize::MAX).await;

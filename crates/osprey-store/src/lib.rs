@@ -9,7 +9,8 @@
 //! audit ([`runs`]) and offline evaluation runs ([`eval`]); [`users`] forgets a user in one call.
 //! Postgres (`postgres://...`) is the scaled backend behind the same interface: one set of queries
 //! through sqlx's `Any` driver, a migration directory per backend, and [`testing`] runs every store
-//! test against both.
+//! test against both. [`SharedRedis`] is the server's one connection to `--redis`, which the
+//! rate limits and the response cache share.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), osprey_store::StoreError> {
@@ -32,6 +33,7 @@ pub mod memory;
 pub mod prompts;
 pub mod request_log;
 pub mod runs;
+pub mod shared_redis;
 pub mod testing;
 pub mod users;
 
@@ -51,6 +53,7 @@ pub use memory::{FactRecord, SummaryRecord, WorkingRecord};
 pub use prompts::{PromptSummary, PromptVersion, Split};
 pub use request_log::{RequestLogEntry, RequestLogQuery};
 pub use runs::{RunQuery, RunRecord, StepRecord, ToolAuditRecord};
+pub use shared_redis::SharedRedis;
 pub use users::UserDeleted;
 
 /// A failure of the store.

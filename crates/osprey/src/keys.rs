@@ -141,8 +141,8 @@ pub fn run(args: KeysArgs) -> anyhow::Result<()> {
             KeysCommand::Revoke { id } => {
                 let k = store.revoke_key(&id).await?;
                 if let Some(url) = &args.redis {
-                    let redis = osprey_gateway::limits::redis::RedisLimiter::new(
-                        osprey_gateway::shared_redis::SharedRedis::open(url)?,
+                    let redis = osprey_limits::redis::RedisLimiter::new(
+                        osprey_store::SharedRedis::open(url)?,
                     );
                     redis
                         .revoke(&id)

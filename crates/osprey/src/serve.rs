@@ -11,14 +11,14 @@ use osprey_engine::{
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{AdmissionConfig, DefaultLimits, EdgeConfig, UpstreamConfig};
 use osprey_gateway::edge::Edge;
-use osprey_gateway::limits::RateLimiter;
-use osprey_gateway::shared_redis::SharedRedis;
 use osprey_gateway::{HttpConfig, Services, Wiring};
+use osprey_limits::RateLimiter;
 use osprey_models::DEFAULT_MODEL;
 use osprey_router::select::Policy;
 use osprey_router::tiers::{Tier, Tiers};
 use osprey_router::upstream::Upstream;
 use osprey_router::workers::WorkerPool;
+use osprey_store::SharedRedis;
 use osprey_store::Store;
 
 use crate::cli::{EngineArgs, ServeArgs};

@@ -43,7 +43,7 @@ pub fn run(args: UsersArgs) -> anyhow::Result<()> {
         let cached = match redis {
             Some(url) => {
                 let cache = osprey_gateway::cache::ResponseCache::redis(
-                    osprey_gateway::shared_redis::SharedRedis::open(&url)?,
+                    osprey_store::SharedRedis::open(&url)?,
                 );
                 cache.forget(&owner).await?
             }

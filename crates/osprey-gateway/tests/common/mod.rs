@@ -16,10 +16,10 @@ use axum::routing::post;
 use osprey_gateway::auth::Authenticator;
 use osprey_gateway::config::{AdmissionConfig, EdgeConfig, TenantConfig, UpstreamConfig};
 use osprey_gateway::edge::Edge;
-use osprey_gateway::limits::RateLimiter;
-use osprey_gateway::shared_redis::SharedRedis;
 use osprey_gateway::{HttpConfig, Services, Wiring};
+use osprey_limits::RateLimiter;
 use osprey_router::upstream::{Upstream, http_client};
+use osprey_store::SharedRedis;
 use osprey_store::{NewKey, Store};
 use serde_json::{Value, json};
 

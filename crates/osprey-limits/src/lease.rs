@@ -248,7 +248,7 @@ impl Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::Unit;
+    use crate::Unit;
 
     fn bucket(name: &str, limit: u64, cost: u64) -> Bucket {
         Bucket {

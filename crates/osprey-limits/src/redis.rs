@@ -9,7 +9,7 @@ use redis::aio::ConnectionManager;
 
 use super::gcra::BucketState;
 use super::{Bucket, Decision};
-use crate::shared_redis::SharedRedis;
+use osprey_store::SharedRedis;
 
 /// The set of revoked key ids, checked by every replica on every request.
 pub const REVOKED_KEYS: &str = "osprey:revoked-keys";

@@ -10,6 +10,8 @@
 //! `osprey_ratelimit_redis_up`, and tries Redis again a second later. A request is never
 //! failed because the limiter's store is down.
 
+#![deny(missing_docs)]
+
 pub mod gcra;
 pub mod lease;
 pub mod local;
@@ -135,16 +137,21 @@ impl RateLimiter {
     }
 
     /// Limits shared through `redis` by `replicas` gateways.
-    pub fn with_redis(redis: crate::shared_redis::SharedRedis, replicas: u64) -> Self {
+    pub fn with_redis(redis: osprey_store::SharedRedis, replicas: u64) -> Self {
         Self::build(Some(RedisLimiter::new(redis)), replicas)
     }
 
-    fn build(redis: Option<RedisLimiter>, replicas: u64) -> Self {
-        if redis.is_some() {
-            // The recorder first, or the gauge would be set before anything records it.
-            crate::metrics::install();
-            metrics::gauge!(names::RATELIMIT_REDIS_UP).set(1.0);
+    /// Exports whether the limits are shared through Redis now
+    /// (`osprey_ratelimit_redis_up`), for a limiter with Redis. Call it once the metrics
+    /// recorder is installed: a gauge set before is lost.
+    pub fn announce(&self) {
+        if self.inner.redis.is_some() {
+            let down = self.inner.redis_down.load(Ordering::Relaxed);
+            metrics::gauge!(names::RATELIMIT_REDIS_UP).set(if down { 0.0 } else { 1.0 });
         }
+    }
+
+    fn build(redis: Option<RedisLimiter>, replicas: u64) -> Self {
         Self {
             inner: Arc::new(Inner {
                 local: LocalLimiter::default(),

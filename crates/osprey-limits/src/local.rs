@@ -73,7 +73,7 @@ mod tests {
     fn bucket(name: &str, limit: u64, cost: u64) -> Bucket {
         Bucket {
             name: name.into(),
-            unit: crate::limits::Unit::Requests,
+            unit: crate::Unit::Requests,
             limit,
             cost,
         }
