@@ -6,13 +6,16 @@
 //! - [`sink`]: every step and audit written to the store as it happens, and, for a streamed
 //!   run, the Responses API's events ([`RunEvent`]);
 //! - [`Agents`]: the built-in tools and MCP servers, a caller's grant and a run's budget, and
-//!   how a request's `tools` become a run's [`ToolSet`]; [`RunCaller`]: who a run acts for.
+//!   how a request's `tools` become a run's [`ToolSet`]; [`RunCaller`]: who a run acts for;
+//! - [`runner`]: starting, resuming (after approval) and showing runs, each driven on a task
+//!   of its own.
 //!
-//! The server supplies the rest: the [`Model`](crate::Model) that decides (a served model
-//! asked with [`chat::chat_request`]),
-//! the `file_search` tool (its collections), the store, and HTTP.
+//! The server supplies the rest through [`runner::Host`]: the [`Model`](crate::Model) that
+//! decides (a served model asked with [`chat::chat_request`]), the `file_search` tool (its
+//! collections), the safety policy and the store; and HTTP.
 
 pub mod chat;
+pub mod runner;
 pub mod sink;
 pub mod wire;
 

@@ -5,7 +5,8 @@
 //! - [`model`]: the [`osprey_agent::Model`] that asks a served model (local, upstream or
 //!   workers) for each decision, through the same chat path as any request, so its calls are
 //!   generated under the tools' grammar;
-//! - [`runner`]: starting, resuming (after approval) and showing runs;
+//! - [`runner`]: runs started, resumed (after approval) and shown as HTTP answers, with this
+//!   server as the runner's host ([`Served`]);
 //! - [`file_search`]: retrieval over the caller's collections as a tool.
 
 pub mod file_search;
@@ -14,9 +15,12 @@ pub mod runner;
 
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
+use osprey_agent::responses::runner::Host;
 use osprey_agent::responses::{Agents, RunCaller};
-use osprey_agent::{Scopes, Tool, ToolSet};
-use osprey_core::Error;
+use osprey_agent::{Model, Scopes, Tool, ToolSet};
+use osprey_core::{Error, ErrorKind};
+use osprey_policy::pipeline::Pipeline;
 use serde_json::Value;
 
 use crate::edge::Caller;
@@ -58,4 +62,55 @@ pub async fn toolset(
         ))
     };
     agents.toolset(tools, &file_search).await
+}
+
+/// This server, as the host of agent runs: its store, its served models (asked through the
+/// gateway's own chat path), the caller's collections and the tenant's safety policy.
+pub struct Served(pub Services);
+
+/// Where agent runs are kept: the store, which they need.
+pub fn run_store(state: &Services) -> Result<&osprey_store::Store, Error> {
+    (state.store())
+        .ok_or_else(|| Error::new(ErrorKind::Unavailable, "Agent runs need a store (--store)."))
+}
+
+impl Host for Served {
+    fn store(&self) -> Result<&osprey_store::Store, Error> {
+        run_store(&self.0)
+    }
+
+    fn serves(&self, model: &str) -> Result<(), Error> {
+        self.0.served_by(model).map(|_| ())
+    }
+
+    fn model(
+        &self,
+        caller: &RunCaller,
+        model: &str,
+        temperature: f32,
+        max_tokens: u32,
+    ) -> Arc<dyn Model> {
+        Arc::new(model::ServedModel {
+            state: self.0.clone(),
+            caller: caller_of(&self.0, caller),
+            model: model.to_owned(),
+            temperature,
+            max_tokens,
+        })
+    }
+
+    fn toolset<'a>(
+        &'a self,
+        agents: &'a Agents,
+        caller: &'a RunCaller,
+        tools: &'a [Value],
+    ) -> BoxFuture<'a, Result<ToolSet, Error>> {
+        Box::pin(async move { toolset(agents, &self.0, &caller_of(&self.0, caller), tools).await })
+    }
+
+    fn policy(&self, caller: &RunCaller) -> Option<Arc<Pipeline>> {
+        let policies = self.0.policies()?;
+        let tenant = self.0.edge().tenant(&caller.tenant);
+        Some(policies.get(tenant.policy.as_deref()).clone())
+    }
 }
