@@ -9,8 +9,9 @@
 //! - [`facts`]: durable facts a user states about themselves, found in their words;
 //! - applied to a request's body: [`registry`] (the registered prompt it names), [`memory`]
 //!   (its user's facts, scratchpad and conversation, within budgets), [`conversation`] (a
-//!   conversation's turns in, its new turn kept once answered) and [`summary`] (older turns
-//!   folded into a summary by a [`summary::SummaryWriter`]).
+//!   conversation's turns in, its new turn kept once answered), [`summary`] (older turns
+//!   folded into a summary by a [`summary::SummaryWriter`]) and [`retrieval`] (passages found
+//!   put in, screened as untrusted text, and the answer's citations).
 //!
 //! The records live in `osprey-store`. The gateway calls these stages and marks its responses
 //! with what they did.
@@ -36,4 +37,5 @@ pub mod facts;
 pub mod memory;
 pub mod prompt;
 pub mod registry;
+pub mod retrieval;
 pub mod summary;

@@ -15,7 +15,7 @@ use tracing::Instrument;
 use super::{Prepared, Routed, dispatch};
 use crate::cache::{CacheKeep, ResponseCache};
 use crate::error::ApiError;
-use crate::rag::Retrieved;
+use crate::rag::Citations;
 use crate::replay::{self, Key};
 use crate::safety::{Auditor, GuardOut};
 use crate::semantic_cache::Similar;
@@ -38,7 +38,7 @@ impl Asked {
         Self {
             prompt: chat && osprey_context::registry::named(&p.body),
             context: chat && osprey_context::memory::wanted(&p.body, &p.flags),
-            rag: chat && crate::rag::wanted(&p.body),
+            rag: chat && osprey_context::retrieval::wanted(&p.body),
         }
     }
 
@@ -87,7 +87,7 @@ pub(super) async fn retrieve(
     p: &mut Prepared,
     asked: &Asked,
     guard: Option<&Guard>,
-) -> Result<Option<Retrieved>, Error> {
+) -> Result<Option<Citations>, Error> {
     if !asked.rag {
         return Ok(None);
     }
