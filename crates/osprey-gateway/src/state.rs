@@ -1,6 +1,7 @@
 //! What every handler shares, [`Services`]: built once at start from a [`Wiring`] and frozen.
-//! The only thing set later is the local engine, once it has loaded (the server answers
-//! `/health` while the model loads).
+//! What is set later is set once: the local engine when it has loaded, or why it failed to
+//! (the server answers `/health` while the model loads), and the parts started on first use
+//! (the embedder, the agent runtime, the request log's writer).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};

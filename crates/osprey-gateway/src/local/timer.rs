@@ -38,10 +38,9 @@ pub struct RequestTimer {
     record: Option<std::sync::Arc<crate::record::RequestRecord>>,
     model: String,
     priority: &'static str,
-    /// The time-to-first-token and time-per-output-token histograms of the request's labels,
-    /// resolved once (tokens are timed on the hot path).
-    ttft: metrics::Histogram,
-    tpot: metrics::Histogram,
+    /// The time-per-output-token histogram of the request's labels, resolved at its second
+    /// token (tokens are timed on the hot path; a series appears only once it has a value).
+    tpot: Option<metrics::Histogram>,
     start: Instant,
     last_token: Option<Instant>,
     /// The span open now: `engine.queue` until the first token (queueing and prefill), then
@@ -58,18 +57,13 @@ impl RequestTimer {
         priority: Priority,
         usage: std::sync::Arc<osprey_core::UsageReport>,
     ) -> Self {
-        let labels = [
-            ("model", model.to_owned()),
-            ("priority", priority.as_str().to_owned()),
-        ];
         Self {
             usage,
             ladder: None,
             record: None,
             model: model.to_owned(),
             priority: priority.as_str(),
-            ttft: metrics::histogram!(names::TIME_TO_FIRST_TOKEN, &labels),
-            tpot: metrics::histogram!(names::TIME_PER_OUTPUT_TOKEN, &labels),
+            tpot: None,
             start: Instant::now(),
             last_token: None,
             span: Some(tracing::info_span!("engine.queue")),
@@ -110,14 +104,31 @@ impl RequestTimer {
                 let parent = &self.parent;
                 let decode = tracing::info_span!(parent: parent, "engine.decode", tokens = tracing::field::Empty);
                 self.span = Some(decode);
-                self.ttft.record((now - self.start).as_secs_f64());
+                metrics::histogram!(names::TIME_TO_FIRST_TOKEN, &self.labels())
+                    .record((now - self.start).as_secs_f64());
                 if let Some(ladder) = &self.ladder {
                     ladder.record_ttft(now - self.start);
                 }
             }
-            Some(prev) => self.tpot.record((now - prev).as_secs_f64()),
+            Some(prev) => {
+                if self.tpot.is_none() {
+                    let labels = self.labels();
+                    self.tpot = Some(metrics::histogram!(names::TIME_PER_OUTPUT_TOKEN, &labels));
+                }
+                if let Some(tpot) = &self.tpot {
+                    tpot.record((now - prev).as_secs_f64());
+                }
+            }
         }
         self.last_token = Some(now);
+    }
+
+    /// The request's metric labels.
+    fn labels(&self) -> [(&'static str, String); 2] {
+        [
+            ("model", self.model.clone()),
+            ("priority", self.priority.to_owned()),
+        ]
     }
 
     /// Records the end of a request and its token counts.
@@ -127,11 +138,8 @@ impl RequestTimer {
         }
         self.usage
             .set(prompt_tokens as u64, completion_tokens as u64);
-        let labels = [
-            ("model", self.model.clone()),
-            ("priority", self.priority.to_owned()),
-        ];
-        metrics::histogram!(names::E2E_LATENCY, &labels).record(self.start.elapsed().as_secs_f64());
+        metrics::histogram!(names::E2E_LATENCY, &self.labels())
+            .record(self.start.elapsed().as_secs_f64());
         let model = self.model.clone();
         metrics::counter!(names::PROMPT_TOKENS, "model" => model.clone())
             .increment(prompt_tokens as u64);
