@@ -18,7 +18,6 @@ use futures_util::StreamExt;
 use osprey_core::Grammar;
 use osprey_core::api::{ChatCompletionRequest, CompletionRequest, JsonBody, ToolMode};
 use osprey_engine::{GrammarCompiler, Prompter, TemplateMessage};
-use osprey_gateway::pipeline::Routed;
 use osprey_models::WeightSource;
 
 /// A fuzz target's entry point.
@@ -44,7 +43,7 @@ pub fn request_json(data: &[u8]) {
         return;
     };
     if let Ok(req) = body.typed::<ChatCompletionRequest>() {
-        let _ = req.prompt_tokens(prompter());
+        let _ = osprey_engine::backend::chat::prompt_tokens(&req, prompter());
         let grammar = req.tool_mode().and_then(|mode| {
             let text = req.output_grammar()?;
             let tools = req.tools.as_deref().unwrap_or(&[]);
@@ -63,7 +62,7 @@ pub fn request_json(data: &[u8]) {
         }
     }
     if let Ok(req) = body.typed::<CompletionRequest>() {
-        let _ = req.prompt_tokens(prompter());
+        let _ = osprey_engine::backend::completions::prompt_tokens(&req, prompter());
         if let Ok(Some(g)) = req.output_grammar() {
             compile(&g);
         }
@@ -72,7 +71,8 @@ pub fn request_json(data: &[u8]) {
 
 /// An upstream's streamed answer, cut into chunks at the sizes the first byte picks, relayed by
 /// [`osprey_router::upstream::Upstream`] (which meters usage from it) and read event by event
-/// as the gateway's way out does ([`osprey_gateway::outbound`]).
+/// as the gateway's way out does ([`osprey_gateway::outbound`]); and the same chunks read as
+/// typed events, as a worker's answer is ([`osprey_router::events`]).
 pub fn upstream_sse(data: &[u8]) {
     let Some((&first, rest)) = data.split_first() else {
         return;
@@ -80,6 +80,7 @@ pub fn upstream_sse(data: &[u8]) {
     let size = usize::from(first % 64) + 1;
     let chunks: Vec<Bytes> = rest.chunks(size).map(Bytes::copy_from_slice).collect();
     let (url, body) = upstream_server();
+    let body_chunks = chunks.clone();
     *body.lock().unwrap() = chunks;
     runtime().block_on(async {
         let config: osprey_gateway::config::UpstreamConfig =
@@ -98,6 +99,19 @@ pub fn upstream_sse(data: &[u8]) {
         out.push(Pass);
         let mut body = out.apply(response).await.into_body().into_data_stream();
         while let Some(Ok(_)) = body.next().await {}
+        let chunks = body_chunks
+            .into_iter()
+            .map(Ok::<_, std::convert::Infallible>);
+        for chat in [true, false] {
+            let source = osprey_router::events::Source {
+                model: "fuzz".into(),
+                chat,
+                prompt_tokens: 1,
+            };
+            let events =
+                osprey_router::events::read(futures_util::stream::iter(chunks.clone()), source);
+            let _: Vec<_> = events.collect().await;
+        }
     });
 }
 

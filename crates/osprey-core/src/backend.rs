@@ -9,8 +9,8 @@ use std::pin::Pin;
 use futures_core::Stream;
 
 use crate::api::{
-    ChatCompletionRequest, ChatTokenLogprob, CompletionLogprobs, CompletionRequest, OspreyOptions,
-    SamplingFields, ToolCallDelta, Usage,
+    ChatCompletionRequest, ChatTokenLogprob, CompletionLogprobs, CompletionRequest, JsonBody,
+    OspreyOptions, SamplingFields, ToolCallDelta, Usage,
 };
 use crate::{Error, FinishReason, Priority};
 
@@ -19,6 +19,9 @@ use crate::{Error, FinishReason, Priority};
 pub struct GenRequest {
     /// The request the client made.
     pub asked: Asked,
+    /// The body it was typed from, as the stages left it: what a remote backend is sent, so
+    /// that fields Osprey does not know reach a server that does.
+    pub body: JsonBody,
     /// The priority it runs at (the request's own, or its tenant's).
     pub priority: Priority,
     /// Keeps the tenant's cached prefixes apart from other tenants'.

@@ -26,6 +26,34 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// The kind an HTTP `status` stands for (an unknown 4xx is the request's fault, an unknown
+    /// 5xx the server's).
+    pub fn of_status(status: u16) -> Self {
+        match status {
+            401 => Self::Unauthorized,
+            403 => Self::Forbidden,
+            404 => Self::NotFound,
+            413 => Self::PayloadTooLarge,
+            429 => Self::RateLimited,
+            502 => Self::BadGateway,
+            503 => Self::Unavailable,
+            504 => Self::GatewayTimeout,
+            400..500 => Self::InvalidRequest,
+            _ => Self::Internal,
+        }
+    }
+
+    /// The kind an OpenAI error `type` stands for, as told in a stream (no status there).
+    pub fn of_type(kind: &str) -> Self {
+        match kind {
+            "invalid_request_error" => Self::InvalidRequest,
+            "authentication_error" => Self::Unauthorized,
+            "permission_error" => Self::Forbidden,
+            "rate_limit_error" => Self::RateLimited,
+            _ => Self::Internal,
+        }
+    }
+
     /// The HTTP status and OpenAI error `type` of this kind.
     pub fn status_and_type(self) -> (u16, &'static str) {
         match self {
@@ -80,6 +108,18 @@ impl Error {
                 param: self.param.clone(),
                 code: self.code.clone(),
             },
+        }
+    }
+
+    /// The error another OpenAI-compatible server (an `osprey worker`) told in its envelope:
+    /// its message, param and code kept, of `kind`.
+    pub fn told(kind: ErrorKind, told: crate::api::ErrorBody) -> Self {
+        Self {
+            kind,
+            message: told.message,
+            param: told.param,
+            code: told.code,
+            retry_after: None,
         }
     }
 

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use osprey_core::Priority;
+pub use osprey_limits::admission::AdmissionConfig;
 use osprey_policy::pipeline::PolicyConfig;
 use serde::Deserialize;
 
@@ -94,28 +95,6 @@ impl Default for DefaultLimits {
             rpm: 6_000,
             tpm: 2_000_000,
             max_concurrent: 256,
-        }
-    }
-}
-
-/// Global admission control: how much work the gateway takes on before it sheds.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdmissionConfig {
-    /// Requests in flight at once; beyond it, 503 with `retry-after`.
-    pub max_in_flight: u64,
-    /// Tokens (charged prompt + `max_tokens`) of the requests in flight.
-    pub max_queued_tokens: u64,
-    /// Batch-priority requests are shed once in-flight requests or tokens pass this share of
-    /// the limits, keeping the rest for interactive work.
-    pub batch_share: f64,
-}
-
-impl Default for AdmissionConfig {
-    fn default() -> Self {
-        Self {
-            max_in_flight: 1024,
-            max_queued_tokens: 4_000_000,
-            batch_share: 0.75,
         }
     }
 }

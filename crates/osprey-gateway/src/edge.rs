@@ -25,11 +25,11 @@ use serde::Deserialize;
 
 use tracing::Instrument;
 
-use crate::admission::{Admission, Place};
 use crate::auth::Authenticator;
 use crate::config::{EdgeConfig, OPEN_TENANT, Tenant};
 use crate::error::ApiError;
 use crate::state::Services;
+use osprey_limits::admission::{Admission, Place};
 use osprey_limits::{Bucket, BucketState, Decision, RateLimiter, Unit, Verdict};
 
 /// Completion tokens assumed on admission for a request that sets no `max_tokens` (and has

@@ -2,7 +2,7 @@
 //! OpenAI-compatible servers.
 //!
 //! - [`edge`]: what every `/v1` request passes first: [`auth`] (API keys), tenants
-//!   ([`config`]), [`admission`] control, and rate limits ([`osprey_limits`]: GCRA, in memory
+//!   ([`config`]), admission control and rate limits ([`osprey_limits`]: GCRA, in memory
 //!   or shared through Redis), with OpenAI's `x-ratelimit-*` headers on the way out; the limits
 //!   and the response cache share one connection to `--redis` ([`osprey_store::SharedRedis`]);
 //! - [`pipeline`]: the stages of a generation request, in order, over its body parsed once
@@ -50,7 +50,6 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod admission;
 pub mod agent;
 pub mod auth;
 pub mod cache;
@@ -58,8 +57,6 @@ pub mod config;
 pub mod context;
 pub mod edge;
 pub mod error;
-pub mod flags;
-pub mod ingest;
 pub mod local;
 pub mod metrics;
 pub mod openapi;

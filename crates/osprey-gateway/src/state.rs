@@ -41,7 +41,7 @@ struct Inner {
     /// Flagged requests per key.
     abuse: Abuse,
     /// Per-tenant feature flags, from the store.
-    flags: crate::flags::Flags,
+    flags: osprey_store::tenant_flags::Flags,
     /// The exact response cache (off on workers: their gateway caches).
     response_cache: Option<Arc<crate::cache::ResponseCache>>,
     store: Option<Store>,
@@ -50,7 +50,7 @@ struct Inner {
     /// The tenants' document collections (retrieval).
     library: Arc<osprey_rag::Library>,
     /// Ingest jobs, run one at a time off the serving threads.
-    ingest: crate::ingest::IngestJobs,
+    ingest: osprey_rag::jobs::IngestJobs,
     /// The request log's writer, started on first use (it needs the runtime).
     request_log: OnceLock<crate::request_log::RequestLog>,
     batch_added: Notify,
@@ -165,13 +165,13 @@ impl Services {
                 recent: Answers::default(),
                 policies,
                 abuse: Abuse::default(),
-                flags: crate::flags::Flags::new(),
+                flags: osprey_store::tenant_flags::Flags::new(),
                 response_cache: response_cache.map(Arc::new),
                 store,
                 request_log: OnceLock::new(),
                 embedder: tokio::sync::OnceCell::new(),
                 library: Arc::new(library),
-                ingest: crate::ingest::IngestJobs::default(),
+                ingest: osprey_rag::jobs::IngestJobs::default(),
                 batch_added: Notify::new(),
                 edge: Arc::new(edge),
                 created: unix_now(),
@@ -205,7 +205,7 @@ impl Services {
     }
 
     /// The ingest jobs.
-    pub fn ingest_jobs(&self) -> &crate::ingest::IngestJobs {
+    pub fn ingest_jobs(&self) -> &osprey_rag::jobs::IngestJobs {
         &self.inner.ingest
     }
 
@@ -283,7 +283,7 @@ impl Services {
     }
 
     /// The feature flags of `tenant` now (see [`crate::flags`]).
-    pub async fn flags(&self, tenant: &str) -> crate::flags::TenantFlags {
+    pub async fn flags(&self, tenant: &str) -> osprey_store::tenant_flags::TenantFlags {
         let store = self.audit_store();
         self.inner.flags.of(store.as_ref(), tenant).await
     }

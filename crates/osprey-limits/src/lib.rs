@@ -9,9 +9,13 @@
 //! with each limit divided by the number of replicas, logs the switch, exports it as
 //! `osprey_ratelimit_redis_up`, and tries Redis again a second later. A request is never
 //! failed because the limiter's store is down.
+//!
+//! Beside them, [`admission`]: how much work the gateway holds at once (requests, and tokens of
+//! work) before it sheds, batch-priority work first.
 
 #![deny(missing_docs)]
 
+pub mod admission;
 pub mod gcra;
 pub mod lease;
 pub mod local;

@@ -6,6 +6,7 @@
 //!   stored field) and its all-MiniLM-L6-v2 embedding in an HNSW graph ([`vectors`]);
 //! - [`search`] fuses BM25 and vector candidates, reranks them and keeps one per document,
 //!   under the caller's ACL groups (filtered before anything is scored);
+//! - [`jobs::IngestJobs`] runs ingests on one background thread, one job at a time;
 //! - [`Library`] is a tenant's collections under `$OSPREY_HOME/collections/`.
 //!
 //! ```no_run
@@ -20,6 +21,7 @@
 pub mod chunk;
 pub mod collection;
 pub mod document;
+pub mod jobs;
 pub mod library;
 pub mod passages;
 pub mod search;

@@ -31,12 +31,14 @@
 //! - [`fallback::RoutePlan`]: an upstream and, when it fails before its answer, its fallbacks
 //!   in order (other upstreams, or the model served here);
 //! - [`workers::WorkerPool`]: `osprey worker`s serving one model, followed through their event
-//!   streams and chosen among by cached prefix and load.
+//!   streams and chosen among by cached prefix and load; a [`osprey_core::backend::Backend`],
+//!   whose answers are read once into typed events ([`events`]).
 
 pub mod auto;
 pub mod breaker;
 pub mod classifier;
 pub mod degrade;
+pub mod events;
 pub mod fallback;
 pub mod prefix_index;
 pub mod retry;

@@ -19,7 +19,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use futures_util::StreamExt;
-use osprey_core::api::{JsonBody, Usage};
+use osprey_core::api::{ErrorResponse, JsonBody, Usage};
 use osprey_core::metrics as names;
 use osprey_core::{Error, ErrorKind, UsageReport};
 use serde::Deserialize;
@@ -167,56 +167,12 @@ impl Upstream {
         path: &str,
         body: &JsonBody,
         usage: Arc<UsageReport>,
-        mut headers: HeaderMap,
+        headers: HeaderMap,
     ) -> Result<Response, Error> {
-        // Every attempt carries the same id, so an upstream can tell a retry from a new request.
-        let request_id = headers
-            .entry(REQUEST_ID)
-            .or_insert_with(new_request_id)
-            .clone();
-        // The body is written once here (or sent as it came), whatever the attempts.
-        let body = match &self.remote_model {
-            Some(remote) if remote != body.model() => {
-                let mut renamed = body.clone();
-                renamed.set_model(remote);
-                renamed.bytes()
-            }
-            _ => body.bytes(),
-        };
-        self.health
-            .budget
-            .lock()
-            .expect("budget lock")
-            .on_request(Instant::now());
-        let mut retries = 0;
-        let response = loop {
-            let result = self.attempt(path, &body, &headers).await;
-            let retryable = match &result {
-                Ok(r) => matches!(r.status().as_u16(), 502..=504),
-                Err(e) => e.code.as_deref() == Some("upstream_unavailable"),
-            };
-            if retryable && retries < self.max_retries && self.may_retry() {
-                retries += 1;
-                metrics::counter!(names::UPSTREAM_RETRIES, "model" => self.name.clone())
-                    .increment(1);
-                let pause = backoff(retries, BACKOFF_BASE, BACKOFF_MAX, &mut rand::rng());
-                tokio::time::sleep(pause).await;
-                continue;
-            }
-            break result?;
-        };
-        let status = response.status();
-        if self.relays_client_errors && status.is_client_error() {
-            let mut out = Response::new(Body::from_stream(response.bytes_stream()));
-            *out.status_mut() = status;
-            let json = HeaderValue::from_static("application/json");
-            out.headers_mut().insert(header::CONTENT_TYPE, json);
-            return Ok(out);
-        }
-        if !status.is_success() {
-            let text = response.text().await.unwrap_or_default();
-            return Err(upstream_error(&self.name, status, &text));
-        }
+        let Sent {
+            response,
+            request_id,
+        } = self.send(path, body, headers).await?;
         let content_type = response
             .headers()
             .get(header::CONTENT_TYPE)
@@ -298,6 +254,69 @@ impl Upstream {
             out.headers_mut().insert(SERVED_BY, name);
         }
         Ok(out)
+    }
+
+    /// Sends `body` to `{url}/{path}`, with `headers` and the request's id ([`REQUEST_ID`], the
+    /// same on every attempt), retrying as configured: the upstream's successful answer, once
+    /// it has started. A failure it answers with is an error of ours ([`Self::relaying_client_errors`]
+    /// keeps a 4xx's own).
+    pub async fn send(
+        &self,
+        path: &str,
+        body: &JsonBody,
+        mut headers: HeaderMap,
+    ) -> Result<Sent, Error> {
+        // Every attempt carries the same id, so an upstream can tell a retry from a new request.
+        let request_id = headers
+            .entry(REQUEST_ID)
+            .or_insert_with(new_request_id)
+            .clone();
+        // The body is written once here (or sent as it came), whatever the attempts.
+        let body = match &self.remote_model {
+            Some(remote) if remote != body.model() => {
+                let mut renamed = body.clone();
+                renamed.set_model(remote);
+                renamed.bytes()
+            }
+            _ => body.bytes(),
+        };
+        self.health
+            .budget
+            .lock()
+            .expect("budget lock")
+            .on_request(Instant::now());
+        let mut retries = 0;
+        let response = loop {
+            let result = self.attempt(path, &body, &headers).await;
+            let retryable = match &result {
+                Ok(r) => matches!(r.status().as_u16(), 502..=504),
+                Err(e) => e.code.as_deref() == Some("upstream_unavailable"),
+            };
+            if retryable && retries < self.max_retries && self.may_retry() {
+                retries += 1;
+                metrics::counter!(names::UPSTREAM_RETRIES, "model" => self.name.clone())
+                    .increment(1);
+                let pause = backoff(retries, BACKOFF_BASE, BACKOFF_MAX, &mut rand::rng());
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+            break result?;
+        };
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            let told = serde_json::from_str::<ErrorResponse>(&text);
+            return Err(match told {
+                Ok(told) if self.relays_client_errors && status.is_client_error() => {
+                    Error::told(ErrorKind::of_status(status.as_u16()), told.error)
+                }
+                _ => upstream_error(&self.name, status, &text),
+            });
+        }
+        Ok(Sent {
+            response,
+            request_id,
+        })
     }
 
     /// One try: through the breaker, bounded by the timeout; the outcome is recorded.
@@ -410,6 +429,14 @@ impl Upstream {
         metrics::counter!(names::UPSTREAM_REQUESTS, "model" => self.name.clone(), "outcome" => outcome)
             .increment(1);
     }
+}
+
+/// An upstream's successful answer, started.
+pub struct Sent {
+    /// Its head; its body is still to come.
+    pub response: reqwest::Response,
+    /// The id the request was sent with ([`REQUEST_ID`]).
+    pub request_id: HeaderValue,
 }
 
 /// The header carrying the id of a forwarded request: the same on every attempt (retries,

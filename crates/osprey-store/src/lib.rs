@@ -5,8 +5,9 @@
 //! disk); migrations run on open. Today the store holds API keys ([`keys`]), the Batch API's files
 //! and batches ([`batches`]), the safety audit log ([`audit`]), conversations ([`conversations`]),
 //! users' layered memory ([`memory`]), the prompt registry ([`prompts`]), per-tenant feature flags
-//! ([`flags`]), the request log ([`request_log`]) and agent runs with their steps and tool-call
-//! audit ([`runs`]) and offline evaluation runs ([`eval`]); [`users`] forgets a user in one call.
+//! ([`flags`]; [`tenant_flags`] keeps those in force in memory), the request log
+//! ([`request_log`]) and agent runs with their steps and tool-call audit ([`runs`]) and offline
+//! evaluation runs ([`eval`]); [`users`] forgets a user in one call.
 //! Postgres (`postgres://...`) is the scaled backend behind the same interface: one set of queries
 //! through sqlx's `Any` driver, a migration directory per backend, and [`testing`] runs every store
 //! test against both. [`SharedRedis`] is the server's one connection to `--redis`, which the
@@ -34,6 +35,7 @@ pub mod prompts;
 pub mod request_log;
 pub mod runs;
 pub mod shared_redis;
+pub mod tenant_flags;
 pub mod testing;
 pub mod users;
 

@@ -1,5 +1,5 @@
 //! `osprey flags set|unset|list`: per-tenant feature flags in the store; servers follow a
-//! change within about a second, without a restart (see `osprey_gateway::flags`).
+//! change within about a second, without a restart (see `osprey_store::tenant_flags`).
 
 use clap::{Args, Subcommand};
 

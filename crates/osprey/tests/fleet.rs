@@ -176,7 +176,9 @@ async fn metric(client: &reqwest::Client, url: &str, name: &str) -> Option<f64> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_go_to_the_worker_holding_their_prompt() {
     let _slot = ServerSlot::take_async().await;
-    placement_follows_the_cache(&fleet("cache_aware").await).await;
+    let fleet = fleet("cache_aware").await;
+    placement_follows_the_cache(&fleet).await;
+    answers_are_the_workers_own(&fleet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,6 +186,7 @@ async fn plain_upstreams_get_requests_where_they_were_sent_before() {
     let _slot = ServerSlot::take_async().await;
     let fleet = fleet_of("serve", "cache_aware").await;
     placement_follows_the_cache(&fleet).await;
+    answers_are_the_workers_own(&fleet).await;
     // What the gateway sent is all it knows: counted as prompt blocks found cached.
     let text = reqwest::get(format!("{}/metrics", fleet.gateway))
         .await
@@ -196,6 +199,84 @@ async fn plain_upstreams_get_requests_where_they_were_sent_before() {
         .find_map(|l| l.strip_prefix(r#"osprey_worker_prompt_blocks_total{cached="true"} "#))
         .map_or(0.0, |v| v.parse::<f64>().unwrap());
     assert!(cached > 0.0, "{text}");
+}
+
+/// What the gateway answers through a worker (read as typed events, written again) says what
+/// the worker says when asked directly: every choice's text, log-probabilities and finish,
+/// the usage, whole and streamed, and the worker's own errors.
+async fn answers_are_the_workers_own(fleet: &Fleet) {
+    let client = &reqwest::Client::new();
+    let ask = |url: String, path: &'static str, body: Value| async move {
+        let r = (client.post(format!("{url}/v1/{path}")).json(&body).send())
+            .await
+            .expect("an answer");
+        let status = r.status().as_u16();
+        (status, r.text().await.unwrap())
+    };
+    let chat = json!({"model": NAME, "messages": [{"role": "user", "content": "Name a colour."}],
+        "max_tokens": 6, "temperature": 0, "n": 2, "logprobs": true, "top_logprobs": 2});
+    let completion = json!({"model": NAME, "prompt": "The sky is", "max_tokens": 5,
+        "temperature": 0, "logprobs": 2, "stream": true, "stream_options": {"include_usage": true}});
+    let invalid = json!({"model": NAME, "messages": [{"role": "user", "content": "hi"}], "n": 0});
+    for (path, body) in [
+        ("chat/completions", chat),
+        ("completions", completion),
+        ("chat/completions", invalid),
+    ] {
+        let (status, via_gateway) = ask(fleet.gateway.clone(), path, body.clone()).await;
+        let (worker_status, direct) = ask(fleet.workers[0].clone(), path, body).await;
+        assert_eq!(status, worker_status, "{via_gateway}");
+        let (got, want) = (said(&via_gateway), said(&direct));
+        assert_eq!(
+            got, want,
+            "through the gateway: {via_gateway}\ndirect: {direct}"
+        );
+    }
+}
+
+/// What an answer says, without what differs between two answers (ids, times): each choice's
+/// text (and log-probabilities, finish) by index, the usage, or the error; streamed chunks
+/// joined first.
+fn said(answer: &str) -> Value {
+    let parsed: Vec<Value> = match answer.starts_with("data:") {
+        false => vec![serde_json::from_str(answer).expect("JSON")],
+        true => (answer.lines())
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).expect("a JSON chunk"))
+            .collect(),
+    };
+    let mut choices = std::collections::BTreeMap::<u64, Value>::new();
+    let mut usage = Value::Null;
+    for part in &parsed {
+        if part.get("error").is_some() {
+            return json!({"error": part["error"]["param"], "type": part["error"]["type"]});
+        }
+        for c in part["choices"].as_array().into_iter().flatten() {
+            let seen = choices
+                .entry(c["index"].as_u64().unwrap())
+                .or_insert(json!({
+                    "text": "", "logprobs": [], "finish": null
+                }));
+            let text = (c["message"]["content"].as_str())
+                .or(c["delta"]["content"].as_str())
+                .or(c["text"].as_str())
+                .unwrap_or_default();
+            seen["text"] = format!("{}{text}", seen["text"].as_str().unwrap()).into();
+            let logprobs = match c["logprobs"]["content"].as_array() {
+                Some(chat) => chat.iter().map(|t| t["token"].clone()).collect(),
+                None => (c["logprobs"]["tokens"].as_array().cloned()).unwrap_or_default(),
+            };
+            (seen["logprobs"].as_array_mut().unwrap()).extend(logprobs);
+            if !c["finish_reason"].is_null() {
+                seen["finish"] = c["finish_reason"].clone();
+            }
+        }
+        if !part["usage"].is_null() {
+            usage = part["usage"].clone();
+        }
+    }
+    json!({"choices": choices.into_values().collect::<Vec<_>>(), "usage": usage})
 }
 
 /// Each of two system prompts is served by one worker, where its blocks are reused.

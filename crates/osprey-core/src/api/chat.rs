@@ -280,9 +280,11 @@ pub struct ChatTokenLogprob {
     pub token: String,
     /// Its log-probability.
     pub logprob: f32,
-    /// Its UTF-8 bytes (a token may hold part of a character).
+    /// Its UTF-8 bytes (a token may hold part of a character); read as empty when `null`.
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub bytes: Vec<u8>,
     /// The most likely tokens at this position.
+    #[serde(default)]
     pub top_logprobs: Vec<TopLogprob>,
 }
 
@@ -293,8 +295,14 @@ pub struct TopLogprob {
     pub token: String,
     /// Log-probability.
     pub logprob: f32,
-    /// UTF-8 bytes.
+    /// UTF-8 bytes; read as empty when `null`.
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub bytes: Vec<u8>,
+}
+
+/// Bytes another server wrote as `null` (OpenAI's API allows it), read as none.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    Ok(Option::<Vec<u8>>::deserialize(d)?.unwrap_or_default())
 }
 
 /// One server-sent event of a streamed chat response.

@@ -9,7 +9,12 @@
 //! let asked: osprey_core::api::ChatCompletionRequest = osprey_core::api::parse_request(
 //!     br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
 //! )?;
-//! let request = GenRequest { asked: Asked::Chat(asked), priority: Default::default(), cache_salt: String::new() };
+//! let request = GenRequest {
+//!     asked: Asked::Chat(asked),
+//!     body: Default::default(),
+//!     priority: Default::default(),
+//!     cache_salt: String::new(),
+//! };
 //! let mut events = Backend::generate(&engine, request).await?;
 //! while let Some(event) = events.next().await {
 //!     if let GenEvent::Delta(d) = event? { print!("{}", d.text) }
@@ -40,6 +45,7 @@ impl Backend for Engine {
             asked,
             priority,
             cache_salt,
+            ..
         } = request;
         let started = match asked {
             Asked::Chat(asked) => chat::start(self, &asked, priority, cache_salt),

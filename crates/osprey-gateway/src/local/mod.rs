@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::response::Response;
 use osprey_core::UsageReport;
-use osprey_core::backend::{Asked, Backend, GenRequest};
+use osprey_core::backend::{Backend, GenRequest};
 
 use crate::edge::Caller;
 use crate::error::ApiError;
@@ -16,24 +16,19 @@ use crate::state::Services;
 use crate::write::Writer;
 use timer::{RequestTimer, timed};
 
-/// `asked`'s answer from the local engine, streamed or whole; its token counts go to `usage`.
+/// `request`'s answer from the local engine, streamed or whole as `writer` writes it; its
+/// token counts go to `usage`.
 pub async fn serve(
     state: &Services,
-    caller: Caller,
+    caller: &Caller,
     usage: Arc<UsageReport>,
-    asked: Asked,
+    request: GenRequest,
+    writer: Writer,
 ) -> Result<Response, ApiError> {
-    let engine = state.engine_for(asked.model())?;
-    let priority = caller.priority_of(asked.osprey());
-    let timer = RequestTimer::new(asked.model(), priority, usage)
+    let engine = state.engine_for(request.asked.model())?;
+    let timer = RequestTimer::new(request.asked.model(), request.priority, usage)
         .watched_by(state.degradation().clone())
         .recorded_in(caller.record.clone());
-    let writer = Writer::of(&asked)?;
-    let request = GenRequest {
-        asked,
-        priority,
-        cache_salt: caller.tenant.cache_salt.clone(),
-    };
     let events = Backend::generate(&engine, request).await?;
     writer.answer(timed(events, timer)).await
 }

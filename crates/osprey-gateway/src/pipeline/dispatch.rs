@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use axum::http::HeaderValue;
 use axum::response::Response;
+use futures_util::StreamExt;
+use osprey_core::UsageReport;
 use osprey_core::api::JsonBody;
+use osprey_core::backend::{GenEvent, GenRequest, GenStream};
 
 use super::Routed;
 use crate::edge::{Admitted, Caller};
@@ -15,6 +18,7 @@ use crate::state::{ServedBy, Services};
 use osprey_router::auto;
 use osprey_router::fallback::{Fallback, Forwarded, RoutePlan};
 use osprey_router::upstream::{ROUTE_REASON, SERVED_BY, Upstream};
+use osprey_router::workers::SERVED_BY_WORKER;
 
 /// Sends an `auto` request to its tier; with an answer check, asks for logprobs and, when the
 /// answer's mean token logprob is below the floor, asks the tier above instead (`routed` then
@@ -65,7 +69,8 @@ pub(super) async fn checked<R: Routed>(
 }
 
 /// Sends a generation request where the model its body names is served: through an upstream
-/// as it is (or to its fallbacks), to a worker of the pool, or typed for the local engine.
+/// as it is (or to its fallbacks); or typed, to a worker of the pool or the local engine, whose
+/// events are written here.
 pub(super) async fn dispatch<R: Routed>(
     state: &Services,
     admitted: Admitted,
@@ -88,18 +93,30 @@ pub(super) async fn dispatch<R: Routed>(
     // Anything else is typed in full first, so a malformed body is reported as such even
     // when it also names an unknown model.
     let request: R = body.typed()?;
-    let mut response = match state.served_by(request.model()) {
+    let served = state.served_by(request.model());
+    let asked = request.asked();
+    let writer = crate::write::Writer::of(&asked)?;
+    let tenant = &caller.tenant;
+    let request = GenRequest {
+        priority: caller.priority_of(asked.osprey()),
+        cache_salt: tenant.cache_salt.clone(),
+        asked,
+        body,
+    };
+    let mut response = match served {
         Ok(ServedBy::Pool(pool)) => {
-            let prompt = request.prompt_tokens(pool.prompter())?;
-            let tenant = &caller.tenant;
-            let sent = (tenant.cache_salt.as_str(), tenant.priority);
             let headers = crate::telemetry::outgoing();
-            pool.forward((path, &body, &prompt), sent, usage, headers)
-                .await?
+            let (worker, events) = pool.generate_with(request, headers).await?;
+            let events = usage_reported(events, usage);
+            let mut response = writer.answer(events).await?;
+            let headers = response.headers_mut();
+            (HeaderValue::from_str(pool.name()).ok()).map(|v| headers.insert(SERVED_BY, v));
+            (HeaderValue::from_str(&worker).ok()).map(|v| headers.insert(SERVED_BY_WORKER, v));
+            response
         }
         _ => {
             let served_by = (state.model_name()).and_then(|m| HeaderValue::from_str(m).ok());
-            let mut response = crate::local::serve(state, caller, usage, request.asked()).await?;
+            let mut response = crate::local::serve(state, &caller, usage, request, writer).await?;
             if let Some(name) = served_by {
                 response.headers_mut().insert(SERVED_BY, name);
             }
@@ -110,6 +127,15 @@ pub(super) async fn dispatch<R: Routed>(
         response.headers_mut().insert(ROUTE_REASON, why);
     }
     Ok(response)
+}
+
+/// `events`, whose usage goes to `usage` as it passes.
+fn usage_reported(events: GenStream, usage: Arc<UsageReport>) -> GenStream {
+    Box::pin(events.inspect(move |event| {
+        if let Ok(GenEvent::Usage(u)) = event {
+            usage.set(u.prompt_tokens as u64, u.completion_tokens as u64);
+        }
+    }))
 }
 
 /// `upstream`'s plan: its fallbacks that serve now (not the local engine while it loads) and

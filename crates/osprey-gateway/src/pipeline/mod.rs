@@ -20,14 +20,13 @@ mod stages;
 use axum::response::Response;
 use osprey_core::api::{ChatCompletionRequest, CompletionRequest, JsonBody};
 use osprey_core::backend;
-use osprey_engine::Prompter;
 
 use crate::edge::Admitted;
 use crate::error::ApiError;
-use crate::flags::TenantFlags;
 use crate::outbound::Outbound;
 use crate::request_log::{LogText, Noted};
 use crate::state::Services;
+use osprey_store::tenant_flags::TenantFlags;
 
 pub use own::{chat_answer, complete_chat};
 use stages::{Asked, Lookup};
@@ -41,9 +40,6 @@ pub const COMPLETIONS_PATH: &str = "completions";
 pub trait Routed: osprey_core::api::ApiRequest + Send {
     /// The model it names.
     fn model(&self) -> &str;
-    /// The token ids of its (first) prompt, as the engine will see them; errors for a request
-    /// the engine would refuse (bad messages or sampling parameters).
-    fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, osprey_core::Error>;
     /// It, as a backend is asked it.
     fn asked(self) -> backend::Asked;
 }
@@ -51,9 +47,6 @@ pub trait Routed: osprey_core::api::ApiRequest + Send {
 impl Routed for ChatCompletionRequest {
     fn model(&self) -> &str {
         &self.model
-    }
-    fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, osprey_core::Error> {
-        osprey_engine::backend::chat::prompt_tokens(self, prompter)
     }
     fn asked(self) -> backend::Asked {
         backend::Asked::Chat(self)
@@ -63,9 +56,6 @@ impl Routed for ChatCompletionRequest {
 impl Routed for CompletionRequest {
     fn model(&self) -> &str {
         &self.model
-    }
-    fn prompt_tokens(&self, prompter: &Prompter) -> Result<Vec<u32>, osprey_core::Error> {
-        osprey_engine::backend::completions::prompt_tokens(self, prompter)
     }
     fn asked(self) -> backend::Asked {
         backend::Asked::Completion(self)

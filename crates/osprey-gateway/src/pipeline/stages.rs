@@ -66,7 +66,7 @@ pub(super) async fn guard_in(state: &Services, p: &mut Prepared) -> Result<Optio
         return Ok(None);
     };
     let caller = &p.admitted.caller;
-    let flagged = crate::flags::policy(&p.flags).filter(|name| policies.has(name));
+    let flagged = osprey_store::tenant_flags::policy(&p.flags).filter(|name| policies.has(name));
     let pipeline = policies
         .get(flagged.or(caller.tenant.policy.as_deref()))
         .clone();
@@ -237,7 +237,7 @@ pub(super) async fn backend<R: Routed>(
     let mut routed = match p.admitted.model.as_deref() {
         Some(auto::AUTO) => Some(tracing::info_span!("route").in_scope(|| {
             let tenant = &p.admitted.caller.tenant;
-            let off = |tier: &str| crate::flags::tier_off(&p.flags, tier);
+            let off = |tier: &str| osprey_store::tenant_flags::tier_off(&p.flags, tier);
             auto::route(
                 state.tiers(),
                 (tenant.models.as_deref(), off),

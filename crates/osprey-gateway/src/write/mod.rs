@@ -149,6 +149,7 @@ mod tests {
         let backend = ScriptedBackend::new(script);
         let request = GenRequest {
             asked,
+            body: Default::default(),
             priority: Priority::default(),
             cache_salt: String::new(),
         };

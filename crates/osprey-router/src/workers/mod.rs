@@ -1,6 +1,6 @@
-//! A pool of `osprey worker`s serving one model (`osprey serve --worker URL ...`): each
-//! request goes to one worker, chosen by the pool's [`Policy`], and is forwarded as an
-//! upstream request would be.
+//! A pool of `osprey worker`s serving one model (`osprey serve --worker URL ...`), as a
+//! [`Backend`]: each request goes to one worker, chosen by the pool's [`Policy`], and its
+//! answer is read as typed events ([`crate::events`]).
 //!
 //! The pool follows every worker's event stream ([`feed`]): the blocks its prefix cache holds
 //! go into one [`PrefixIndex`], its load is noted, and a worker whose stream breaks or stalls
@@ -17,9 +17,10 @@
 //! [`PLAIN_CACHE_BLOCKS`] blocks), with the requests in flight there as its load.
 //!
 //! A request whose worker cannot be reached is sent to another worker (each worker is tried
-//! once; the unreachable one is ejected). One the worker failed with an error goes to another
-//! while the pool's retry budget allows. Nothing is retried once its answer has started: a
-//! stream the worker breaks off ends with an error event.
+//! once; the unreachable one is ejected), and so is a whole answer the worker broke off. One
+//! the worker failed with an error goes to another while the pool's retry budget allows.
+//! Nothing is retried once its answer has started to go out: a stream the worker breaks off
+//! ends with an error event.
 
 mod feed;
 pub mod protocol;
@@ -28,23 +29,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue};
-use axum::response::Response;
 use futures_util::StreamExt;
-use osprey_core::api::JsonBody;
+use futures_util::future::BoxFuture;
+use osprey_core::backend::{Asked, Backend, GenRequest, GenStream};
 use osprey_core::metrics as names;
-use osprey_core::{Error, ErrorKind, Priority, UsageReport};
+use osprey_core::{Error, ErrorKind};
 use osprey_engine::Prompter;
+use osprey_engine::backend::{chat, completions};
 use osprey_engine::kv::prefix_hashes;
 
+use crate::events::{self, Source};
 use crate::prefix_index::{MAX_WORKERS, PrefixIndex};
 use crate::retry::{RetryBudget, RetryBudgetConfig};
 use crate::select::{Candidate, Policy, choose};
 use crate::sent_blocks::SentBlocks;
-use crate::upstream::{
-    REQUEST_ID, SERVED_BY, Upstream, UpstreamConfig, new_request_id, warrants_fallback,
-};
+use crate::upstream::{REQUEST_ID, Upstream, UpstreamConfig, new_request_id, warrants_fallback};
 
 /// The blocks a plain upstream is taken to cache: the last this many it was sent (at 16 tokens
 /// a block, 128k tokens).
@@ -181,19 +181,33 @@ impl WorkerPool {
         std::time::Duration::from_millis(ms.unwrap_or(0))
     }
 
-    /// Sends a request for `prompt` to the best worker, and to others if it cannot be served
-    /// there before its answer starts. `sent` says whose it is (the tenant's cache salt and
-    /// priority); `headers` go with it (its trace context).
-    pub async fn forward(
+    /// Starts `request`'s answer on the best worker, and on others if it cannot be served there
+    /// before its answer starts; `headers` go with it (its trace context). The URL of the
+    /// worker that answers, and the events of its answer.
+    ///
+    /// A worker is always asked to stream, with its usage: the answer is written once, by the
+    /// caller. A whole answer (the client did not ask for a stream) is read to its end here,
+    /// so a worker that breaks off before the end is replaced: nothing of it has gone out.
+    pub async fn generate_with(
         &self,
-        (path, body, prompt): (&str, &JsonBody, &[u32]),
-        sent: (&str, Priority),
-        usage: Arc<UsageReport>,
+        request: GenRequest,
         mut headers: HeaderMap,
-    ) -> Result<Response, Error> {
-        let (cache_salt, priority) = sent;
-        let hashes = prefix_hashes(cache_salt, prompt);
-        if let Ok(salt) = HeaderValue::from_str(cache_salt) {
+    ) -> Result<(String, GenStream), Error> {
+        let GenRequest {
+            asked,
+            mut body,
+            priority,
+            cache_salt,
+        } = request;
+        let (path, prompt) = match &asked {
+            Asked::Chat(r) => ("chat/completions", chat::prompt_tokens(r, &self.prompter)?),
+            Asked::Completion(r) => (
+                "completions",
+                completions::prompt_tokens(r, &self.prompter)?,
+            ),
+        };
+        let hashes = prefix_hashes(&cache_salt, &prompt);
+        if let Ok(salt) = HeaderValue::from_str(&cache_salt) {
             headers.insert(protocol::CACHE_SALT, salt);
         }
         headers.insert(
@@ -201,7 +215,16 @@ impl WorkerPool {
             HeaderValue::from_static(priority.as_str()),
         );
         // One id for every worker the request is tried on.
-        headers.insert(REQUEST_ID, new_request_id());
+        headers.entry(REQUEST_ID).or_insert_with(new_request_id);
+        let edit = body.edit();
+        edit["stream"] = true.into();
+        edit["stream_options"] = serde_json::json!({ "include_usage": true });
+        let whole = !asked.sampling().streaming();
+        let source = Source {
+            model: self.name.clone(),
+            chat: matches!(asked, Asked::Chat(_)),
+            prompt_tokens: prompt.len(),
+        };
         self.budget
             .lock()
             .expect("budget lock")
@@ -215,18 +238,37 @@ impl WorkerPool {
             tried[w] = true;
             let worker = &self.workers[w];
             let in_flight = InFlight::enter(&worker.in_flight);
-            let sent = worker
-                .upstream
-                .forward_with(path, body, usage.clone(), headers.clone())
-                .await;
-            let e = match sent {
-                Ok(response) => return Ok(self.served(response, worker, in_flight)),
-                Err(e) if warrants_fallback(&e) => e,
-                Err(e) => return Err(e),
+            let e = match worker.upstream.send(path, &body, headers.clone()).await {
+                Ok(sent) => {
+                    let events = events::read(sent.response.bytes_stream(), source.clone()).map(
+                        move |event| {
+                            let _until_the_end = &in_flight;
+                            event
+                        },
+                    );
+                    if !whole {
+                        return Ok((worker.url.clone(), Box::pin(events)));
+                    }
+                    let events: Vec<_> = events.collect().await;
+                    match events.last() {
+                        Some(Err(e)) if is_gone(e) => e.clone(),
+                        _ => {
+                            let events = futures_util::stream::iter(events);
+                            return Ok((worker.url.clone(), Box::pin(events)));
+                        }
+                    }
+                }
+                Err(e) => e,
             };
-            let unreachable = e.code.as_deref() == Some("upstream_unavailable");
+            if !warrants_fallback(&e) {
+                return Err(e);
+            }
+            let unreachable = is_gone(&e);
             if unreachable {
-                feed::eject(worker, "a request could not reach it");
+                feed::eject(
+                    worker,
+                    "a request could not reach it, or it broke off an answer",
+                );
             }
             // A worker that could not be reached is ejected, and each is tried once: moving its
             // requests elsewhere is failover, not a retry storm. A worker's error answer is
@@ -281,22 +323,6 @@ impl WorkerPool {
         Some(w)
     }
 
-    /// The worker's answer, marked as the pool's, counted in flight until its body ends.
-    fn served(&self, response: Response, worker: &Worker, in_flight: InFlight) -> Response {
-        let (mut parts, body) = response.into_parts();
-        if let Ok(v) = HeaderValue::from_str(&self.name) {
-            parts.headers.insert(SERVED_BY, v);
-        }
-        if let Ok(v) = HeaderValue::from_str(&worker.url) {
-            parts.headers.insert(SERVED_BY_WORKER, v);
-        }
-        let body = body.into_data_stream().map(move |chunk| {
-            let _until_the_end = &in_flight;
-            chunk
-        });
-        Response::from_parts(parts, Body::from_stream(body))
-    }
-
     fn no_worker(&self) -> Error {
         Error::new(
             ErrorKind::Unavailable,
@@ -308,6 +334,23 @@ impl WorkerPool {
         .with_code("no_worker_available")
         .with_retry_after(1)
     }
+}
+
+impl Backend for WorkerPool {
+    fn generate(&self, request: GenRequest) -> BoxFuture<'_, Result<GenStream, Error>> {
+        Box::pin(async move {
+            let (_, events) = self.generate_with(request, HeaderMap::new()).await?;
+            Ok(events)
+        })
+    }
+}
+
+/// Whether `e` says a worker is gone: it could not be reached, or it broke off an answer.
+fn is_gone(e: &Error) -> bool {
+    matches!(
+        e.code.as_deref(),
+        Some("upstream_unavailable" | "upstream_disconnected")
+    )
 }
 
 /// One request in flight at a worker, until dropped.

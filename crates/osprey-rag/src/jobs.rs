@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use osprey_rag::{Collection, Document, IngestOptions, IngestReport};
+use crate::{Collection, Document, IngestOptions, IngestReport};
 use serde::Serialize;
 
 /// Finished jobs remembered, oldest forgotten first.
@@ -87,7 +87,7 @@ impl IngestJobs {
             status: Status::Queued,
             documents: documents.len(),
             chunks_done: 0,
-            created_at: osprey_rag::now_ms() / 1000,
+            created_at: crate::now_ms() / 1000,
             finished_at: None,
             report: None,
             error: None,
@@ -154,7 +154,7 @@ impl IngestJobs {
                     metrics::counter!(osprey_core::metrics::RAG_CHUNKS_INGESTED)
                         .increment(done as u64);
                     update(&views, &job.id, |v| {
-                        v.finished_at = Some(osprey_rag::now_ms() / 1000);
+                        v.finished_at = Some(crate::now_ms() / 1000);
                         match result {
                             Ok(report) => (v.status, v.report) = (Status::Succeeded, Some(report)),
                             Err(e) => (v.status, v.error) = (Status::Failed, Some(e.to_string())),

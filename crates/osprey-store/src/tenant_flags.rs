@@ -11,14 +11,14 @@
 //! - `prompt.NAME.label` (a string): the label a request naming prompt NAME gets when it gives
 //!   neither label nor version.
 //! - `memory` (`true`): chats get their user's facts unless they say `"memory": false`;
-//! - `memory.extract` (`true`): facts a named user states are kept ([`osprey_context::memory`]).
+//! - `memory.extract` (`true`): facts a named user states are kept (`osprey_context::memory`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use osprey_store::Store;
+use crate::Store;
 use serde_json::{Map, Value};
 
 /// How long a request waits for the store when reloading flags, before going on with those it has.
@@ -51,7 +51,7 @@ impl Flags {
     /// once a second).
     pub async fn of(&self, store: Option<&Store>, tenant: &str) -> TenantFlags {
         if let Some(store) = store {
-            let now = osprey_store::now_ms();
+            let now = crate::now_ms();
             let due = now - self.checked_at.load(Ordering::Relaxed) >= 1000;
             if due && let Ok(_one) = self.reload.try_lock() {
                 self.checked_at.store(now, Ordering::Relaxed);

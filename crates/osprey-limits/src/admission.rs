@@ -9,7 +9,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use osprey_core::metrics as names;
 use osprey_core::{Error, ErrorKind, Priority};
 
-use crate::config::AdmissionConfig;
+/// Global admission control: how much work the gateway takes on before it sheds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdmissionConfig {
+    /// Requests in flight at once; beyond it, 503 with `retry-after`.
+    pub max_in_flight: u64,
+    /// Tokens (charged prompt + `max_tokens`) of the requests in flight.
+    pub max_queued_tokens: u64,
+    /// Batch-priority requests are shed once in-flight requests or tokens pass this share of
+    /// the limits, keeping the rest for interactive work.
+    pub batch_share: f64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 1024,
+            max_queued_tokens: 4_000_000,
+            batch_share: 0.75,
+        }
+    }
+}
 
 /// In-flight counters against [`AdmissionConfig`].
 #[derive(Clone)]

@@ -1,0 +1,316 @@
+//! An OpenAI-compatible server's streamed answer read once, as typed events
+//! ([`GenEvent`]): each chunk's choices become deltas, its usage chunk the usage, and an error
+//! event (or a stream broken off) the stream's error. Chunks carry no token counts, so each
+//! delta counts the tokens of its log-probabilities, or one if it has text or a tool call.
+//!
+//! A server that sends no usage (it ignored `stream_options.include_usage`) gets one made of
+//! the prompt's length and the deltas' counts. Fields of a chunk Osprey does not know are not
+//! kept.
+
+use std::collections::VecDeque;
+
+use axum::body::Bytes;
+use eventsource_stream::Eventsource;
+use futures_util::{Stream, StreamExt};
+use osprey_core::api::{ChatLogprobs, CompletionLogprobs, ErrorBody, ToolCallDelta, Usage};
+use osprey_core::backend::{ChoiceDelta, GenEvent, Logprobs};
+use osprey_core::metrics as names;
+use osprey_core::{Error, ErrorKind, FinishReason};
+use serde::Deserialize;
+
+/// Where an answer comes from, as its errors name it.
+#[derive(Clone, Debug)]
+pub struct Source {
+    /// The model, as served here.
+    pub model: String,
+    /// Whether it answers the chat API (else the completions API).
+    pub chat: bool,
+    /// Tokens in the request's prompt, for a usage the server does not send.
+    pub prompt_tokens: usize,
+}
+
+/// The events of the SSE `body`, ending after the usage (or at the first error).
+pub fn read<E: std::fmt::Display>(
+    body: impl Stream<Item = Result<Bytes, E>> + Send + 'static,
+    source: Source,
+) -> impl Stream<Item = Result<GenEvent, Error>> + Send + 'static {
+    let reader = Reader {
+        source,
+        counted: 0,
+        usage: None,
+        ready: VecDeque::new(),
+        ended: false,
+    };
+    let events = Box::pin(body.eventsource());
+    futures_util::stream::unfold((reader, events), |(mut reader, mut events)| async move {
+        loop {
+            if let Some(event) = reader.ready.pop_front() {
+                return Some((event, (reader, events)));
+            }
+            if reader.ended {
+                return None;
+            }
+            match events.next().await {
+                Some(Ok(event)) => reader.take(&event.data),
+                Some(Err(e)) => reader.fail("disconnected", broken(&reader.source, e)),
+                None => reader.fail(
+                    "disconnected",
+                    broken(&reader.source, "it ended before [DONE]"),
+                ),
+            }
+        }
+    })
+}
+
+struct Reader {
+    source: Source,
+    /// Tokens of the deltas so far.
+    counted: usize,
+    usage: Option<Usage>,
+    ready: VecDeque<Result<GenEvent, Error>>,
+    ended: bool,
+}
+
+impl Reader {
+    /// Reads one event's data.
+    fn take(&mut self, data: &str) {
+        if data.trim() == "[DONE]" {
+            let usage = (self.usage.take())
+                .unwrap_or_else(|| Usage::new(self.source.prompt_tokens, self.counted));
+            self.ready.push_back(Ok(GenEvent::Usage(usage)));
+            self.ended = true;
+            return;
+        }
+        let chunk = match serde_json::from_str::<Chunk>(data) {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                let why = format!(
+                    "The upstream for `{}` sent an event that is not a chunk: {e}",
+                    self.source.model
+                );
+                let error =
+                    Error::new(ErrorKind::BadGateway, why).with_code("upstream_invalid_response");
+                return self.fail("invalid", error);
+            }
+        };
+        if let Some(told) = chunk.error {
+            let kind = ErrorKind::of_type(&told.kind);
+            return self.fail("error", Error::told(kind, told));
+        }
+        if chunk.usage.is_some() {
+            self.usage = chunk.usage;
+        }
+        for choice in chunk.choices {
+            match self.deltas(choice) {
+                Ok(deltas) => {
+                    for delta in deltas {
+                        self.counted += delta.tokens;
+                        self.ready.push_back(Ok(GenEvent::Delta(delta)));
+                    }
+                }
+                Err(e) => return self.fail("invalid", e),
+            }
+        }
+    }
+
+    /// The deltas of one chunk's choice: one per tool call it carries, else one (none if it
+    /// says nothing, like the opening role).
+    fn deltas(&self, choice: Choice) -> Result<Vec<ChoiceDelta>, Error> {
+        let logprobs = match choice.logprobs {
+            Some(raw) if !raw.is_null() => Some(self.logprobs(raw)?),
+            _ => None,
+        };
+        let text = (choice.delta.content).or(choice.text).unwrap_or_default();
+        let tokens = match &logprobs {
+            Some(Logprobs::Chat(c)) => c.len(),
+            Some(Logprobs::Completion(c)) => c.tokens.len(),
+            None => usize::from(!text.is_empty() || !choice.delta.tool_calls.is_empty()),
+        };
+        let mut first = ChoiceDelta {
+            index: choice.index,
+            text,
+            tool_call: None,
+            logprobs,
+            tokens,
+            finish: None,
+        };
+        let mut deltas: Vec<ChoiceDelta> = Vec::new();
+        for call in choice.delta.tool_calls {
+            let mut delta = match deltas.is_empty() {
+                true => std::mem::take(&mut first),
+                false => ChoiceDelta::default(),
+            };
+            delta.index = choice.index;
+            delta.tool_call = Some(call);
+            deltas.push(delta);
+        }
+        if deltas.is_empty() {
+            deltas.push(first);
+        }
+        if let Some(last) = deltas.last_mut() {
+            last.finish = choice.finish_reason;
+        }
+        deltas.retain(|d| !d.is_empty() || d.tokens > 0);
+        Ok(deltas)
+    }
+
+    /// A choice's log-probabilities in the shape of the API asked.
+    fn logprobs(&self, raw: serde_json::Value) -> Result<Logprobs, Error> {
+        let read = match self.source.chat {
+            true => serde_json::from_value::<ChatLogprobs>(raw).map(|l| Logprobs::Chat(l.content)),
+            false => serde_json::from_value::<CompletionLogprobs>(raw).map(Logprobs::Completion),
+        };
+        read.map_err(|e| {
+            let why = format!(
+                "The upstream for `{}` sent log-probabilities that cannot be read: {e}",
+                self.source.model
+            );
+            Error::new(ErrorKind::BadGateway, why).with_code("upstream_invalid_response")
+        })
+    }
+
+    /// Ends the answer with `error`, counted under `outcome`.
+    fn fail(&mut self, outcome: &'static str, error: Error) {
+        metrics::counter!(names::UPSTREAM_REQUESTS, "model" => self.source.model.clone(), "outcome" => outcome)
+            .increment(1);
+        self.ready.push_back(Err(error));
+        self.ended = true;
+    }
+}
+
+/// The error of a stream `source`'s server broke off.
+fn broken(source: &Source, why: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::BadGateway,
+        format!(
+            "The upstream for `{}` broke off the stream: {why}",
+            source.model
+        ),
+    )
+    .with_code("upstream_disconnected")
+}
+
+/// One streamed chunk of either API, or an error event.
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<ErrorBody>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    index: usize,
+    /// A chat chunk's.
+    #[serde(default)]
+    delta: Delta,
+    /// A completion chunk's.
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    logprobs: Option<serde_json::Value>,
+    #[serde(default)]
+    finish_reason: Option<FinishReason>,
+}
+
+#[derive(Default, Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCallDelta>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    async fn events(chat: bool, data: &[&str]) -> Vec<Result<GenEvent, Error>> {
+        let body: String = data.iter().map(|d| format!("data: {d}\n\n")).collect();
+        // Split mid-event, as a network would.
+        let (a, b) = body.split_at(body.len() / 2);
+        let chunks = vec![
+            Ok::<_, std::io::Error>(Bytes::from(a.to_owned())),
+            Ok(Bytes::from(b.to_owned())),
+        ];
+        let source = Source {
+            model: "m".into(),
+            chat,
+            prompt_tokens: 5,
+        };
+        read(futures_util::stream::iter(chunks), source)
+            .collect()
+            .await
+    }
+
+    fn delta(event: &Result<GenEvent, Error>) -> &ChoiceDelta {
+        match event {
+            Ok(GenEvent::Delta(d)) => d,
+            other => panic!("not a delta: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_chat_stream_becomes_its_deltas_then_its_usage() {
+        let role = json!({"choices": [{"index": 0, "delta": {"role": "assistant"}}]});
+        let text = json!({"choices": [{"index": 1, "delta": {"content": "Hi"},
+            "logprobs": {"content": [{"token": "Hi", "logprob": -0.5, "bytes": null, "top_logprobs": []}]}}]});
+        let calls = json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "c0", "type": "function", "function": {"name": "f", "arguments": "{"}},
+            {"index": 1, "function": {"arguments": "}"}}]}, "finish_reason": "tool_calls"}]});
+        let usage = json!({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}});
+        let data = [role, text, calls, usage].map(|v| v.to_string());
+        let mut data: Vec<&str> = data.iter().map(String::as_str).collect();
+        data.push("[DONE]");
+        let got = events(true, &data).await;
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert_eq!(
+            (delta(&got[0]).index, delta(&got[0]).text.as_str()),
+            (1, "Hi")
+        );
+        assert!(matches!(&delta(&got[0]).logprobs, Some(Logprobs::Chat(l)) if l.len() == 1));
+        let (first, second) = (delta(&got[1]), delta(&got[2]));
+        assert_eq!(first.tool_call.as_ref().unwrap().id.as_deref(), Some("c0"));
+        assert_eq!(
+            (first.finish, second.finish),
+            (None, Some(FinishReason::ToolCalls))
+        );
+        assert_eq!(second.tool_call.as_ref().unwrap().index, 1);
+        assert_eq!(got[3].as_ref().unwrap(), &GenEvent::Usage(Usage::new(3, 4)));
+    }
+
+    #[tokio::test]
+    async fn a_completion_without_usage_is_counted_and_an_error_event_ends_it() {
+        let text = json!({"choices": [{"index": 0, "text": "ab", "finish_reason": "length"}]});
+        let got = events(false, &[&text.to_string(), "[DONE]"]).await;
+        assert_eq!(delta(&got[0]).finish, Some(FinishReason::Length));
+        assert_eq!(got[1].as_ref().unwrap(), &GenEvent::Usage(Usage::new(5, 1)));
+
+        let error = json!({"error": {"message": "no room", "type": "server_error", "param": null, "code": "full"}});
+        let got = events(false, &[&text.to_string(), &error.to_string(), "[DONE]"]).await;
+        assert_eq!(got.len(), 2);
+        let e = got[1].as_ref().unwrap_err();
+        assert_eq!(
+            (e.message.as_str(), e.code.as_deref()),
+            ("no room", Some("full"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_short_or_not_json_ends_with_an_error() {
+        let text = json!({"choices": [{"index": 0, "text": "ab"}]}).to_string();
+        let got = events(false, &[&text]).await;
+        let e = got.last().unwrap().as_ref().unwrap_err();
+        assert_eq!(e.code.as_deref(), Some("upstream_disconnected"));
+
+        let got = events(false, &["not json", &text, "[DONE]"]).await;
+        assert_eq!(got.len(), 1);
+        let e = got[0].as_ref().unwrap_err();
+        assert_eq!(e.code.as_deref(), Some("upstream_invalid_response"));
+    }
+}
