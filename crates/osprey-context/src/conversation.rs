@@ -14,7 +14,11 @@
 //!   an error instead of `[DONE]`); a failed answer appends nothing.
 
 use osprey_core::Error;
-use osprey_store::{ItemPage, ItemRecord, NewItem, Owner, Store, SummaryRecord};
+use std::sync::Arc;
+
+use osprey_store::{ItemPage, ItemRecord, NewItem, Owner, SummaryRecord};
+
+use crate::store::ContextStore;
 
 use crate::builder::{Budgets, HistoryPlan, MESSAGE_OVERHEAD, plan_history};
 use crate::memory::Memory;
@@ -30,7 +34,7 @@ const FOLD_WINDOW: usize = 1536;
 
 /// A turn of a conversation in progress: what to append once the answer is in.
 pub struct Turn {
-    store: Store,
+    store: Arc<dyn ContextStore>,
     owner: Owner,
     id: String,
     asked: Vec<NewItem>,
@@ -50,7 +54,7 @@ pub struct Session {
 /// into its summary when they no longer fit (see the module docs).
 pub async fn session(
     memory: &Memory<'_>,
-    store: &Store,
+    store: &dyn ContextStore,
     owner: &Owner,
     id: &str,
     budgets: &Budgets,
@@ -115,7 +119,7 @@ pub async fn session(
 /// the one that crosses it), oldest first, with what each costs in a prompt.
 async fn unsummarised(
     memory: &Memory<'_>,
-    store: &Store,
+    store: &dyn ContextStore,
     owner: &Owner,
     id: &str,
     since: i64,
@@ -150,7 +154,7 @@ async fn unsummarised(
 
 impl Turn {
     /// The turn of `asked` (the request's own messages) in conversation `id` of `owner`.
-    pub fn new(store: Store, owner: Owner, id: String, asked: &[Message]) -> Self {
+    pub fn new(store: Arc<dyn ContextStore>, owner: Owner, id: String, asked: &[Message]) -> Self {
         let asked = (asked.iter())
             .map(|m| NewItem::new(&m.role, &m.content))
             .collect();
@@ -185,5 +189,167 @@ impl Turn {
             .append_items(&self.owner, &self.id, &items)
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures_util::future::BoxFuture;
+    use osprey_store::{FactRecord, PromptVersion, Split, StoreError, WorkingRecord};
+
+    use super::*;
+    use crate::store::Kept;
+    use crate::summary::SummaryWriter;
+
+    /// A conversation's items and summary, in memory.
+    #[derive(Default)]
+    struct Kept1 {
+        items: Mutex<Vec<ItemRecord>>,
+        summary: Mutex<Option<SummaryRecord>>,
+    }
+
+    fn ready<'a, T: Send + 'a>(value: Result<T, StoreError>) -> Kept<'a, T> {
+        Box::pin(std::future::ready(value))
+    }
+
+    fn none<'a, T: Send + 'a>() -> Kept<'a, T> {
+        ready(Err(StoreError::NotFound("it".into())))
+    }
+
+    impl ContextStore for Kept1 {
+        fn items<'a>(
+            &'a self,
+            _: &'a Owner,
+            _: &'a str,
+            page: ItemPage<'a>,
+        ) -> Kept<'a, Vec<ItemRecord>> {
+            let mut items = self.items.lock().unwrap().clone();
+            if page.newest_first {
+                items.reverse();
+            }
+            let start = (page.after)
+                .and_then(|after| items.iter().position(|i| i.id == after))
+                .map_or(0, |p| p + 1);
+            let page = items.into_iter().skip(start).take(page.limit as usize);
+            ready(Ok(page.collect()))
+        }
+        fn append_items<'a>(
+            &'a self,
+            _: &'a Owner,
+            id: &'a str,
+            new: &'a [NewItem],
+        ) -> Kept<'a, Vec<ItemRecord>> {
+            let mut items = self.items.lock().unwrap();
+            let mut added = Vec::new();
+            for n in new {
+                let item = ItemRecord {
+                    seq: items.len() as i64 + 1,
+                    id: format!("msg_{}", items.len()),
+                    conversation_id: id.to_owned(),
+                    role: n.role.clone(),
+                    content: n.content.clone(),
+                    created_at: 0,
+                };
+                items.push(item.clone());
+                added.push(item);
+            }
+            ready(Ok(added))
+        }
+        fn summary<'a>(&'a self, _: &'a Owner, _: &'a str) -> Kept<'a, Option<SummaryRecord>> {
+            ready(Ok(self.summary.lock().unwrap().clone()))
+        }
+        fn set_summary<'a>(
+            &'a self,
+            _: &'a Owner,
+            _: &'a str,
+            summary: &'a SummaryRecord,
+        ) -> Kept<'a, ()> {
+            *self.summary.lock().unwrap() = Some(summary.clone());
+            ready(Ok(()))
+        }
+        fn facts<'a>(&'a self, _: &'a Owner) -> Kept<'a, Vec<FactRecord>> {
+            none()
+        }
+        fn add_fact<'a>(&'a self, _: &'a Owner, _: &'a str, _: &'a str) -> Kept<'a, FactRecord> {
+            none()
+        }
+        fn working<'a>(&'a self, _: &'a Owner, _: &'a str) -> Kept<'a, WorkingRecord> {
+            none()
+        }
+        fn prompt_version<'a>(&'a self, _: &'a str, _: i64) -> Kept<'a, PromptVersion> {
+            none()
+        }
+        fn prompt_versions<'a>(&'a self, _: &'a str) -> Kept<'a, Vec<PromptVersion>> {
+            none()
+        }
+        fn label<'a>(&'a self, _: &'a str, _: &'a str) -> Kept<'a, Split> {
+            none()
+        }
+    }
+
+    /// Writes "folded N" for a transcript of N turns.
+    struct Folder;
+
+    impl SummaryWriter for Folder {
+        fn write(&self, request: serde_json::Value) -> BoxFuture<'_, Result<String, Error>> {
+            let asked = request["messages"][1]["content"]
+                .as_str()
+                .unwrap_or_default();
+            let turns = asked.lines().filter(|l| l.contains(": ")).count();
+            Box::pin(std::future::ready(Ok(format!("folded {turns}"))))
+        }
+    }
+
+    #[tokio::test]
+    async fn kept_turns_come_back_as_history_and_the_oldest_are_folded_into_a_summary() {
+        let kept = Arc::new(Kept1::default());
+        let owner = Owner {
+            tenant: "t".into(),
+            user: "u".into(),
+        };
+        let words = |n: usize| vec!["word"; n].join(" ");
+        for i in 0..6 {
+            let asked = [Message {
+                role: "user".into(),
+                content: format!("question {i} {}", words(40)),
+            }];
+            let turn = Turn::new(kept.clone(), owner.clone(), "c".into(), &asked);
+            turn.keep(format!("answer {i} {}", words(40)))
+                .await
+                .unwrap();
+        }
+        let tokens = |text: &str| text.split(' ').count();
+        let memory = Memory {
+            store: None,
+            tokens: &tokens,
+            summaries: &Folder,
+        };
+        let budgets = Budgets {
+            history: 200,
+            summary: 64,
+            ..Budgets::default()
+        };
+        let first = session(&memory, &*kept, &owner, "c", &budgets)
+            .await
+            .unwrap();
+        // 12 items of 46 tokens (50 in a prompt) do not fit 200: the newest that fit half of it
+        // (the last turn) are kept, the ten before are folded.
+        assert_eq!(first.history.len(), 2);
+        assert!(first.history[0].content.starts_with("question 5"));
+        assert!(first.history[1].content.starts_with("answer 5"));
+        assert_eq!(first.summary.as_deref(), Some("folded 10"));
+        let written = kept.summary.lock().unwrap().clone().unwrap();
+        assert_eq!(
+            (written.through_seq, written.content.as_str()),
+            (10, "folded 10")
+        );
+        // Read again, the summary stands and nothing more is folded.
+        let again = session(&memory, &*kept, &owner, "c", &budgets)
+            .await
+            .unwrap();
+        assert_eq!(again.summary.as_deref(), Some("folded 10"));
+        assert_eq!(again.history.len(), 2);
     }
 }

@@ -13,8 +13,9 @@
 //!   folded into a summary by a [`summary::SummaryWriter`]) and [`retrieval`] (passages found
 //!   put in, screened as untrusted text, and the answer's citations).
 //!
-//! The records live in `osprey-store`. The gateway calls these stages and marks its responses
-//! with what they did.
+//! The records are kept behind a trait ([`store::ContextStore`]), which `osprey-store`'s
+//! `Store` implements. The gateway calls these stages and marks its responses with what they
+//! did.
 //!
 //! ```
 //! use osprey_context::prompt::PromptDef;
@@ -38,4 +39,5 @@ pub mod memory;
 pub mod prompt;
 pub mod registry;
 pub mod retrieval;
+pub mod store;
 pub mod summary;

@@ -17,7 +17,11 @@
 
 use osprey_core::api::{JsonBody, content_text};
 use osprey_core::{Error, ErrorKind};
-use osprey_store::{Owner, Store, StoreError};
+use std::sync::Arc;
+
+use osprey_store::{Owner, StoreError};
+
+use crate::store::ContextStore;
 use serde_json::{Map, Value, json};
 
 use crate::builder::{Budgets, Fact, Injected, Layers, PromptBuilder};
@@ -40,7 +44,7 @@ const OPTIONS: [&str; 7] = [
 /// a conversation's summary.
 pub struct Memory<'a> {
     /// Where facts, scratchpads and conversations are kept (`None`: a server without one).
-    pub store: Option<&'a Store>,
+    pub store: Option<&'a Arc<dyn ContextStore>>,
     /// Tokens of a text, for the model that will read the prompt.
     pub tokens: &'a (dyn Fn(&str) -> usize + Sync),
     /// The model that folds older turns into a summary.
@@ -168,7 +172,7 @@ pub async fn prepare(
     }
     let turn = match &asked.conversation {
         Some(id) => {
-            let session = session(memory, store, &owner, id, &asked.budgets).await?;
+            let session = session(memory, &**store, &owner, id, &asked.budgets).await?;
             layers.summary = session.summary;
             layers.history = session.history;
             Some(Turn::new(store.clone(), owner.clone(), id.clone(), &own))
@@ -176,7 +180,7 @@ pub async fn prepare(
         None => None,
     };
     if asked.extract && !owner.user.is_empty() {
-        extract_facts(store, &owner, &own).await;
+        extract_facts(&**store, &owner, &own).await;
     }
     let built = PromptBuilder::new(asked.budgets, memory.tokens).build(layers);
     let injected = built.injected.clone();
@@ -207,7 +211,7 @@ impl From<Message> for Part {
 
 /// Keeps the facts the user states in their newest message; a failure is logged, never the
 /// request's.
-async fn extract_facts(store: &Store, owner: &Owner, own: &[Message]) {
+async fn extract_facts(store: &dyn ContextStore, owner: &Owner, own: &[Message]) {
     let Some(said) = own.iter().rev().find(|m| m.role == "user") else {
         return;
     };

@@ -8,7 +8,9 @@
 
 use osprey_core::api::JsonBody;
 use osprey_core::{Error, ErrorKind};
-use osprey_store::{Owner, Store, StoreError};
+use osprey_store::{Owner, StoreError};
+
+use crate::store::ContextStore;
 use serde_json::{Map, Value, json};
 
 use crate::prompt::{PromptDef, pick};
@@ -48,7 +50,7 @@ fn flagged_label<'a>(flags: &'a Map<String, Value>, name: &str) -> Option<&'a st
 /// Applies the prompt the body names to it, for `asker` whose user `owner` names (given the
 /// body's `user`) under the tenant's `flags`: which version that was.
 pub async fn apply(
-    store: &Store,
+    store: &dyn ContextStore,
     asker: &Asker<'_>,
     owner: impl FnOnce(Option<&str>) -> Owner,
     flags: &Map<String, Value>,
@@ -125,7 +127,12 @@ pub async fn apply(
 }
 
 /// The version `asked` names: its `version`, the pick of its `label`, or the newest.
-async fn resolve(store: &Store, name: &str, asked: &Value, sticky: &str) -> Result<i64, Error> {
+async fn resolve(
+    store: &dyn ContextStore,
+    name: &str,
+    asked: &Value,
+    sticky: &str,
+) -> Result<i64, Error> {
     match (&asked["version"], &asked["label"]) {
         (Value::Null, Value::Null) => {
             let versions = store.prompt_versions(name).await?;

@@ -35,7 +35,7 @@ pub async fn prepare(
         asked_model: body.model().to_owned(),
     };
     let memory = Memory {
-        store: state.store(),
+        store: state.context_store(),
         tokens: &tokens,
         summaries: &summaries,
     };

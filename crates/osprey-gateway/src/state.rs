@@ -45,6 +45,8 @@ struct Inner {
     /// The exact response cache (off on workers: their gateway caches).
     response_cache: Option<Arc<crate::cache::ResponseCache>>,
     store: Option<Store>,
+    /// The same store, as what keeps prompts' context.
+    context_store: Option<Arc<dyn osprey_context::store::ContextStore>>,
     /// The sentence embedder, loaded (fetched if need be) on first use; `None` if that failed.
     embedder: tokio::sync::OnceCell<Option<Arc<osprey_engine::Embedder>>>,
     /// The tenants' document collections (retrieval).
@@ -167,6 +169,7 @@ impl Services {
                 abuse: Abuse::default(),
                 flags: osprey_store::tenant_flags::Flags::new(),
                 response_cache: response_cache.map(Arc::new),
+                context_store: (store.clone()).map(|s| Arc::new(s) as Arc<_>),
                 store,
                 request_log: OnceLock::new(),
                 embedder: tokio::sync::OnceCell::new(),
@@ -212,6 +215,11 @@ impl Services {
     /// The store of batches and files, if any.
     pub fn store(&self) -> Option<&Store> {
         self.inner.store.as_ref()
+    }
+
+    /// The store, as what keeps prompts' context (conversations, memory).
+    pub fn context_store(&self) -> Option<&Arc<dyn osprey_context::store::ContextStore>> {
+        self.inner.context_store.as_ref()
     }
 
     /// The sentence embedder (all-MiniLM-L6-v2), loaded on first use from `$OSPREY_HOME`,
