@@ -54,7 +54,7 @@ struct Inner {
     /// Ingest jobs, run one at a time off the serving threads.
     ingest: osprey_rag::jobs::IngestJobs,
     /// The request log's writer, started on first use (it needs the runtime).
-    request_log: OnceLock<crate::request_log::RequestLog>,
+    request_log: OnceLock<osprey_store::log_writer::RequestLog>,
     batch_added: Notify,
     edge: Arc<Edge>,
     created: u64,
@@ -239,19 +239,21 @@ impl Services {
     }
 
     /// Where generation requests are logged: the store's request log, if there is a store.
-    pub fn request_log(&self) -> Option<&crate::request_log::RequestLog> {
+    pub fn request_log(&self) -> Option<&osprey_store::log_writer::RequestLog> {
         if self.edge().config().no_request_log {
             return None;
         }
         let store = self.inner.store.as_ref()?;
-        Some(
-            (self.inner.request_log)
-                .get_or_init(|| crate::request_log::RequestLog::spawn(store.clone())),
-        )
+        Some((self.inner.request_log).get_or_init(|| {
+            osprey_store::log_writer::RequestLog::spawn(
+                store.clone(),
+                crate::telemetry::lower_thread_priority,
+            )
+        }))
     }
 
     /// The request log's writer if it has started (a request was logged), without starting it.
-    pub fn started_request_log(&self) -> Option<&crate::request_log::RequestLog> {
+    pub fn started_request_log(&self) -> Option<&osprey_store::log_writer::RequestLog> {
         self.inner.request_log.get()
     }
 

@@ -6,8 +6,9 @@
 //! and batches ([`batches`]), the safety audit log ([`audit`]), conversations ([`conversations`]),
 //! users' layered memory ([`memory`]), the prompt registry ([`prompts`]), per-tenant feature flags
 //! ([`flags`]; [`tenant_flags`] keeps those in force in memory), the request log
-//! ([`request_log`]) and agent runs with their steps and tool-call audit ([`runs`]) and offline
-//! evaluation runs ([`eval`]); [`users`] forgets a user in one call.
+//! ([`request_log`], written in batches off the serving threads by [`log_writer`]) and agent
+//! runs with their steps and tool-call audit ([`runs`]) and offline evaluation runs ([`eval`]);
+//! [`users`] forgets a user in one call.
 //! Postgres (`postgres://...`) is the scaled backend behind the same interface: one set of queries
 //! through sqlx's `Any` driver, a migration directory per backend, and [`testing`] runs every store
 //! test against both. [`SharedRedis`] is the server's one connection to `--redis`, which the
@@ -30,6 +31,7 @@ pub mod conversations;
 pub mod eval;
 pub mod flags;
 pub mod keys;
+pub mod log_writer;
 pub mod memory;
 pub mod prompts;
 pub mod request_log;
