@@ -107,6 +107,7 @@ pub fn upstream_sse(data: &[u8]) {
                 model: "fuzz".into(),
                 chat,
                 prompt_tokens: 1,
+                choices: 2,
             };
             let events =
                 osprey_router::events::read(futures_util::stream::iter(chunks.clone()), source);

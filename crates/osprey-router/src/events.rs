@@ -27,6 +27,8 @@ pub struct Source {
     pub chat: bool,
     /// Tokens in the request's prompt, for a usage the server does not send.
     pub prompt_tokens: usize,
+    /// The choices asked for: a chunk naming another is not read.
+    pub choices: usize,
 }
 
 /// The events of the SSE `body`, ending after the usage (or at the first error).
@@ -53,6 +55,8 @@ pub fn read<E: std::fmt::Display>(
             match events.next().await {
                 Some(Ok(event)) => reader.take(&event.data),
                 Some(Err(e)) => reader.fail("disconnected", broken(&reader.source, e)),
+                // A server that ends its stream after the usage without `[DONE]` has said all.
+                None if reader.usage.is_some() => reader.take("[DONE]"),
                 None => reader.fail(
                     "disconnected",
                     broken(&reader.source, "it ended before [DONE]"),
@@ -94,13 +98,21 @@ impl Reader {
             }
         };
         if let Some(told) = chunk.error {
-            let kind = ErrorKind::of_type(&told.kind);
-            return self.fail("error", Error::told(kind, told));
+            return self.fail("error", told.error());
         }
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
         }
-        for choice in chunk.choices {
+        for choice in chunk.choices.unwrap_or_default() {
+            if choice.index >= self.source.choices {
+                let why = format!(
+                    "The upstream for `{}` sent choice {} of {}.",
+                    self.source.model, choice.index, self.source.choices
+                );
+                let error =
+                    Error::new(ErrorKind::BadGateway, why).with_code("upstream_invalid_response");
+                return self.fail("invalid", error);
+            }
             match self.deltas(choice) {
                 Ok(deltas) => {
                     for delta in deltas {
@@ -121,10 +133,11 @@ impl Reader {
             _ => None,
         };
         let text = (choice.delta.content).or(choice.text).unwrap_or_default();
+        let tool_calls = choice.delta.tool_calls.unwrap_or_default();
         let tokens = match &logprobs {
             Some(Logprobs::Chat(c)) => c.len(),
             Some(Logprobs::Completion(c)) => c.tokens.len(),
-            None => usize::from(!text.is_empty() || !choice.delta.tool_calls.is_empty()),
+            None => usize::from(!text.is_empty() || !tool_calls.is_empty()),
         };
         let mut first = ChoiceDelta {
             index: choice.index,
@@ -135,7 +148,7 @@ impl Reader {
             finish: None,
         };
         let mut deltas: Vec<ChoiceDelta> = Vec::new();
-        for call in choice.delta.tool_calls {
+        for call in tool_calls {
             let mut delta = match deltas.is_empty() {
                 true => std::mem::take(&mut first),
                 false => ChoiceDelta::default(),
@@ -148,7 +161,7 @@ impl Reader {
             deltas.push(first);
         }
         if let Some(last) = deltas.last_mut() {
-            last.finish = choice.finish_reason;
+            last.finish = choice.finish_reason.as_deref().map(finish_reason);
         }
         deltas.retain(|d| !d.is_empty() || d.tokens > 0);
         Ok(deltas)
@@ -190,15 +203,59 @@ fn broken(source: &Source, why: impl std::fmt::Display) -> Error {
     .with_code("upstream_disconnected")
 }
 
-/// One streamed chunk of either API, or an error event.
+/// Why a choice ended, as another server says it: its own words for a stop (TGI's
+/// `eos_token`, `stop_sequence`; `content_filter`, `abort`) read as a stop.
+fn finish_reason(told: &str) -> FinishReason {
+    match told {
+        "length" => FinishReason::Length,
+        "tool_calls" | "function_call" => FinishReason::ToolCalls,
+        _ => FinishReason::Stop,
+    }
+}
+
+/// One streamed chunk of either API, or an error event. Fields sent as `null` read as absent.
 #[derive(Deserialize)]
 struct Chunk {
     #[serde(default)]
-    choices: Vec<Choice>,
+    choices: Option<Vec<Choice>>,
     #[serde(default)]
     usage: Option<Usage>,
     #[serde(default)]
-    error: Option<ErrorBody>,
+    error: Option<Told>,
+}
+
+/// An error event's error: OpenAI's envelope, its `code` a string or a number (vLLM's).
+#[derive(Deserialize)]
+struct Told {
+    #[serde(default)]
+    message: String,
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    param: Option<String>,
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+}
+
+impl Told {
+    /// The error, as ours: a failure of the server (not the request's) is a bad gateway.
+    fn error(self) -> Error {
+        let kind = match ErrorKind::of_type(&self.kind) {
+            ErrorKind::Internal => ErrorKind::BadGateway,
+            kind => kind,
+        };
+        let code = self.code.map(|c| match c {
+            serde_json::Value::String(s) => s,
+            other => other.to_string(),
+        });
+        let body = ErrorBody {
+            message: self.message,
+            kind: self.kind,
+            param: self.param,
+            code,
+        };
+        Error::told(kind, body)
+    }
 }
 
 #[derive(Deserialize)]
@@ -206,7 +263,7 @@ struct Choice {
     #[serde(default)]
     index: usize,
     /// A chat chunk's.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     delta: Delta,
     /// A completion chunk's.
     #[serde(default)]
@@ -214,7 +271,11 @@ struct Choice {
     #[serde(default)]
     logprobs: Option<serde_json::Value>,
     #[serde(default)]
-    finish_reason: Option<FinishReason>,
+    finish_reason: Option<String>,
+}
+
+fn null_as_default<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Delta, D::Error> {
+    Ok(Option::<Delta>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Default, Deserialize)]
@@ -222,7 +283,7 @@ struct Delta {
     #[serde(default)]
     content: Option<String>,
     #[serde(default)]
-    tool_calls: Vec<ToolCallDelta>,
+    tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[cfg(test)]
@@ -242,6 +303,7 @@ mod tests {
             model: "m".into(),
             chat,
             prompt_tokens: 5,
+            choices: 2,
         };
         read(futures_util::stream::iter(chunks), source)
             .collect()
@@ -299,6 +361,7 @@ mod tests {
             (e.message.as_str(), e.code.as_deref()),
             ("no room", Some("full"))
         );
+        assert_eq!(e.kind, ErrorKind::BadGateway);
     }
 
     #[tokio::test]
@@ -312,5 +375,32 @@ mod tests {
         assert_eq!(got.len(), 1);
         let e = got[0].as_ref().unwrap_err();
         assert_eq!(e.code.as_deref(), Some("upstream_invalid_response"));
+
+        // A choice that was not asked for is not read (a writer would have no place for it).
+        let third = json!({"choices": [{"index": 2, "text": "c"}]}).to_string();
+        let got = events(false, &[&third, "[DONE]"]).await;
+        let e = got[0].as_ref().unwrap_err();
+        assert_eq!(e.code.as_deref(), Some("upstream_invalid_response"));
+    }
+
+    #[tokio::test]
+    async fn other_servers_words_and_nulls_are_read_and_a_stream_may_end_after_its_usage() {
+        let tgi = json!({"choices": [{"index": 0, "delta": null, "text": "a",
+            "finish_reason": "eos_token"}], "usage": null});
+        let usage = json!({"choices": null,
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}});
+        let got = events(false, &[&tgi.to_string(), &usage.to_string()]).await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(delta(&got[0]).finish, Some(FinishReason::Stop));
+        assert_eq!(got[1].as_ref().unwrap(), &GenEvent::Usage(Usage::new(1, 1)));
+
+        let vllm = json!({"error": {"message": "overloaded", "type": "ServiceUnavailable",
+            "code": 503}});
+        let got = events(true, &[&vllm.to_string()]).await;
+        let e = got[0].as_ref().unwrap_err();
+        assert_eq!(
+            (e.message.as_str(), e.code.as_deref()),
+            ("overloaded", Some("503"))
+        );
     }
 }

@@ -141,6 +141,11 @@ impl Upstream {
         Ok(upstream)
     }
 
+    /// How long it is given to answer.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The same upstream, passing its 4xx answers to the client unchanged (for Osprey workers).
     pub fn relaying_client_errors(mut self) -> Self {
         self.relays_client_errors = true;

@@ -129,13 +129,37 @@ pub(super) async fn dispatch<R: Routed>(
     Ok(response)
 }
 
-/// `events`, whose usage goes to `usage` as it passes.
+/// `events`, whose usage goes to `usage` as it passes; if the answer ends without one (the
+/// worker broke off, the client left), the tokens of its deltas so far.
 fn usage_reported(events: GenStream, usage: Arc<UsageReport>) -> GenStream {
-    Box::pin(events.inspect(move |event| {
-        if let Ok(GenEvent::Usage(u)) = event {
-            usage.set(u.prompt_tokens as u64, u.completion_tokens as u64);
+    let mut meter = Meter {
+        usage,
+        counted: 0,
+        reported: false,
+    };
+    Box::pin(events.inspect(move |event| match event {
+        Ok(GenEvent::Delta(d)) => meter.counted += d.tokens as u64,
+        Ok(GenEvent::Usage(u)) => {
+            meter.reported = true;
+            (meter.usage).set(u.prompt_tokens as u64, u.completion_tokens as u64);
         }
+        Err(_) => {}
     }))
+}
+
+/// Tokens of an answer seen so far, reported on drop unless its usage was.
+struct Meter {
+    usage: Arc<UsageReport>,
+    counted: u64,
+    reported: bool,
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        if !self.reported {
+            self.usage.set_completion_only(self.counted);
+        }
+    }
 }
 
 /// `upstream`'s plan: its fallbacks that serve now (not the local engine while it loads) and

@@ -18,7 +18,8 @@
 //!
 //! A request whose worker cannot be reached is sent to another worker (each worker is tried
 //! once; the unreachable one is ejected), and so is a whole answer the worker broke off. One
-//! the worker failed with an error goes to another while the pool's retry budget allows.
+//! the worker failed with an error (or did not finish within its timeout, whole) goes to
+//! another while the pool's retry budget allows.
 //! Nothing is retried once its answer has started to go out: a stream the worker breaks off
 //! ends with an error event.
 
@@ -220,10 +221,15 @@ impl WorkerPool {
         edit["stream"] = true.into();
         edit["stream_options"] = serde_json::json!({ "include_usage": true });
         let whole = !asked.sampling().streaming();
+        let prompts = match &asked {
+            Asked::Chat(_) => 1,
+            Asked::Completion(r) => r.prompts()?.len(),
+        };
         let source = Source {
             model: self.name.clone(),
             chat: matches!(asked, Asked::Chat(_)),
             prompt_tokens: prompt.len(),
+            choices: prompts * asked.sampling().choices()?,
         };
         self.budget
             .lock()
@@ -249,9 +255,13 @@ impl WorkerPool {
                     if !whole {
                         return Ok((worker.url.clone(), Box::pin(events)));
                     }
-                    let events: Vec<_> = events.collect().await;
+                    let limit = worker.upstream.timeout();
+                    let events: Vec<_> = match tokio::time::timeout(limit, events.collect()).await {
+                        Ok(events) => events,
+                        Err(_) => vec![Err(self.late(limit))],
+                    };
                     match events.last() {
-                        Some(Err(e)) if is_gone(e) => e.clone(),
+                        Some(Err(e)) if warrants_fallback(e) => e.clone(),
                         _ => {
                             let events = futures_util::stream::iter(events);
                             return Ok((worker.url.clone(), Box::pin(events)));
@@ -321,6 +331,18 @@ impl WorkerPool {
         metrics::counter!(names::WORKER_PROMPT_BLOCKS, "cached" => "true")
             .increment(matched[w] as u64);
         Some(w)
+    }
+
+    /// The error of a whole answer not done within `limit`.
+    fn late(&self, limit: std::time::Duration) -> Error {
+        Error::new(
+            ErrorKind::GatewayTimeout,
+            format!(
+                "The worker serving `{}` did not finish the answer within {limit:?}.",
+                self.name
+            ),
+        )
+        .with_code("upstream_timeout")
     }
 
     fn no_worker(&self) -> Error {
