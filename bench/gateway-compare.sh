@@ -24,7 +24,7 @@
 #        MODES="json stream"  TARGETS="direct litellm osprey osprey-redis"  CONNS=64  PAUSE=1 (s)
 #        REQ_TIMEOUT=10s  MIN_RATE_FRACTION=0.95  LATENCY_CORRECTION=0 (1: oha --latency-correction)
 #        TRACED_ARGS="--otlp-sample 0.1" (more flags for osprey-traced)
-#        SKIP_BUILD=1 (use the built binary as is)  REDIS_URL=redis://127.0.0.1:6379  OUT=bench/results
+#        SKIP_BUILD=1 (use the built binary as is)  OSPREY=<a binary> (default: the build's)  REDIS_URL=redis://127.0.0.1:6379  OUT=bench/results
 # Needs: oha (cargo install oha --locked), nginx (../shared/peers/mock-upstream.sh installs it),
 # the LiteLLM venv (../shared/peers/litellm.sh makes it), python3, curl; redis-server for
 # osprey-redis if nothing answers on REDIS_URL. Osprey targets are skipped (with a note) while the
@@ -58,7 +58,7 @@ OUT=$(cd "$OUT" && pwd)
 LOGS=$OUT/gateway-logs; mkdir -p "$LOGS"
 WORK=$(mktemp -d /tmp/gateway-compare.XXXXXX)
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/osprey-target}
-OSPREY=$CARGO_TARGET_DIR/release/osprey
+OSPREY=${OSPREY:-$CARGO_TARGET_DIR/release/osprey}
 has() { [[ " $TARGETS " == *" $1 "* ]]; }
 
 STARTED=()   # pids this script started (and so stops)

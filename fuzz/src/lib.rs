@@ -69,19 +69,19 @@ pub fn request_json(data: &[u8]) {
     }
 }
 
-/// An upstream's streamed answer, cut into chunks at the sizes the first byte picks, relayed by
-/// [`osprey_router::upstream::Upstream`] (which meters usage from it) and read event by event
-/// as the gateway's way out does ([`osprey_gateway::outbound`]); and the same chunks read as
-/// typed events, as a worker's answer is ([`osprey_router::events`]).
+/// An upstream's answer, cut into chunks at the sizes the first byte picks, served as
+/// server-sent events or (when the first byte's bit 6 is set) as one JSON answer: read as typed
+/// events by [`osprey_router::upstream::Upstream::answer`] (as a chat answer) and by
+/// [`osprey_router::events::read`] (as a completion), and read event by event as the gateway's
+/// way out does ([`osprey_gateway::outbound`]).
 pub fn upstream_sse(data: &[u8]) {
     let Some((&first, rest)) = data.split_first() else {
         return;
     };
     let size = usize::from(first % 64) + 1;
     let chunks: Vec<Bytes> = rest.chunks(size).map(Bytes::copy_from_slice).collect();
-    let (url, body) = upstream_server();
-    let body_chunks = chunks.clone();
-    *body.lock().unwrap() = chunks;
+    let (url, served) = upstream_server();
+    *served.lock().unwrap() = (first & 0x40 != 0, chunks.clone());
     runtime().block_on(async {
         let config: osprey_gateway::config::UpstreamConfig =
             serde_json::from_value(serde_json::json!({"url": url, "max_retries": 0}))
@@ -89,30 +89,32 @@ pub fn upstream_sse(data: &[u8]) {
         let client = osprey_router::upstream::http_client();
         let upstream = osprey_router::upstream::Upstream::new("fuzz", &config, client)
             .expect("a valid upstream");
-        let usage = Arc::new(osprey_core::UsageReport::default());
+        let source = |chat| osprey_router::events::Source {
+            model: "fuzz".into(),
+            chat,
+            prompt_tokens: 1,
+            choices: 2,
+        };
         let request = Bytes::from_static(br#"{"model": "fuzz", "messages": [], "stream": true}"#);
         let request = JsonBody::parse(request).expect("a JSON object");
-        let Ok(response) = upstream.forward("chat/completions", &request, usage).await else {
-            return;
-        };
+        let headers = axum::http::HeaderMap::new();
+        let answer = upstream.answer("chat/completions", &request, headers, source(true));
+        if let Ok(events) = answer.await {
+            let _: Vec<_> = events.collect().await;
+        }
+        let stream =
+            || futures_util::stream::iter(chunks.clone().into_iter().map(Ok::<_, std::io::Error>));
+        let events = osprey_router::events::read(stream(), source(false));
+        let _: Vec<_> = events.collect().await;
+        let mut response = Response::new(Body::from_stream(stream()));
+        let sse = axum::http::HeaderValue::from_static("text/event-stream");
+        response
+            .headers_mut()
+            .insert(axum::http::header::CONTENT_TYPE, sse);
         let mut out = osprey_gateway::outbound::Outbound::default();
         out.push(Pass);
         let mut body = out.apply(response).await.into_body().into_data_stream();
         while let Some(Ok(_)) = body.next().await {}
-        let chunks = body_chunks
-            .into_iter()
-            .map(Ok::<_, std::convert::Infallible>);
-        for chat in [true, false] {
-            let source = osprey_router::events::Source {
-                model: "fuzz".into(),
-                chat,
-                prompt_tokens: 1,
-                choices: 2,
-            };
-            let events =
-                osprey_router::events::read(futures_util::stream::iter(chunks.clone()), source);
-            let _: Vec<_> = events.collect().await;
-        }
     });
 }
 
@@ -303,19 +305,24 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// A local upstream answering every chat request with the chunks in its slot, as an SSE
-/// stream; its base URL and the slot.
-fn upstream_server() -> &'static (String, Arc<Mutex<Vec<Bytes>>>) {
-    static SERVER: OnceLock<(String, Arc<Mutex<Vec<Bytes>>>)> = OnceLock::new();
+/// A local upstream answering every chat request with what its slot holds; its base URL and
+/// the slot.
+fn upstream_server() -> &'static (String, Served) {
+    static SERVER: OnceLock<(String, Served)> = OnceLock::new();
     SERVER.get_or_init(|| {
-        let slot: Arc<Mutex<Vec<Bytes>>> = Arc::default();
-        let chunks = slot.clone();
+        let slot: Served = Arc::default();
+        let served = slot.clone();
         let answer = move || {
-            let chunks = chunks.lock().unwrap().clone();
+            let (json, chunks) = served.lock().unwrap().clone();
             let body = futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+            let kind = if json {
+                "application/json"
+            } else {
+                "text/event-stream"
+            };
             async move {
                 Response::builder()
-                    .header("content-type", "text/event-stream")
+                    .header("content-type", kind)
                     .body(Body::from_stream(body))
                     .unwrap()
             }
@@ -329,6 +336,10 @@ fn upstream_server() -> &'static (String, Arc<Mutex<Vec<Bytes>>>) {
         (url, slot)
     })
 }
+
+/// What the test upstream answers: whether as one JSON answer (else as server-sent events), and
+/// its body's chunks.
+type Served = Arc<Mutex<(bool, Vec<Bytes>)>>;
 
 /// A directory of this process's own for the files a target writes.
 fn scratch_dir() -> PathBuf {

@@ -93,6 +93,9 @@ pub struct ChoiceDelta {
     pub tokens: usize,
     /// Set on the choice's last delta.
     pub finish: Option<FinishReason>,
+    /// Fields another server's delta carried that Osprey does not know (a reasoning model's
+    /// `reasoning_content`), passed on as they came.
+    pub extra: Option<Box<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl ChoiceDelta {
@@ -102,6 +105,7 @@ impl ChoiceDelta {
             && self.tool_call.is_none()
             && self.logprobs.as_ref().is_none_or(Logprobs::is_empty)
             && self.finish.is_none()
+            && self.extra.is_none()
     }
 }
 

@@ -1,11 +1,14 @@
-//! An OpenAI-compatible server's streamed answer read once, as typed events
-//! ([`GenEvent`]): each chunk's choices become deltas, its usage chunk the usage, and an error
-//! event (or a stream broken off) the stream's error. Chunks carry no token counts, so each
-//! delta counts the tokens of its log-probabilities, or one if it has text or a tool call.
+//! An OpenAI-compatible server's answer read once, as typed events ([`GenEvent`]): each
+//! streamed chunk's choices become deltas, its usage chunk the usage, and an error event (or a
+//! stream broken off) the stream's error. Chunks carry no token counts, so each delta counts
+//! the tokens of its log-probabilities, or one if it has text or a tool call. A server that
+//! answers with one JSON object instead (it was not asked to stream, or ignored it) is read the
+//! same way, each choice one delta ([`read_response`]).
 //!
 //! A server that sends no usage (it ignored `stream_options.include_usage`) gets one made of
-//! the prompt's length and the deltas' counts. Fields of a chunk Osprey does not know are not
-//! kept.
+//! the prompt's length and the deltas' counts. Fields of a chat delta (or message) Osprey does
+//! not know, such as a reasoning model's `reasoning_content`, ride along in
+//! [`ChoiceDelta::extra`]; other unknown fields are not kept.
 
 use std::collections::VecDeque;
 
@@ -13,7 +16,7 @@ use axum::body::Bytes;
 use eventsource_stream::Eventsource;
 use futures_util::{Stream, StreamExt};
 use osprey_core::api::{ChatLogprobs, CompletionLogprobs, ErrorBody, ToolCallDelta, Usage};
-use osprey_core::backend::{ChoiceDelta, GenEvent, Logprobs};
+use osprey_core::backend::{Asked, ChoiceDelta, GenEvent, GenStream, Logprobs};
 use osprey_core::metrics as names;
 use osprey_core::{Error, ErrorKind, FinishReason};
 use serde::Deserialize;
@@ -31,18 +34,46 @@ pub struct Source {
     pub choices: usize,
 }
 
+impl Source {
+    /// The source of `asked`'s answer from `model`, whose prompt is `prompt_tokens` long.
+    pub fn of(model: &str, asked: &Asked, prompt_tokens: usize) -> Result<Self, Error> {
+        let prompts = match asked {
+            Asked::Chat(_) => 1,
+            Asked::Completion(r) => r.prompts()?.len(),
+        };
+        Ok(Self {
+            model: model.to_owned(),
+            chat: matches!(asked, Asked::Chat(_)),
+            prompt_tokens,
+            choices: prompts * asked.sampling().choices()?,
+        })
+    }
+}
+
+/// The events of an answer `response`, streamed (server-sent events) or whole (one JSON object).
+pub fn read_response(response: reqwest::Response, source: Source) -> GenStream {
+    let streamed = (response.headers().get(reqwest::header::CONTENT_TYPE))
+        .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+    if streamed {
+        return Box::pin(read(response.bytes_stream(), source));
+    }
+    let whole = async move {
+        let mut reader = Reader::new(source);
+        match response.bytes().await {
+            Ok(bytes) => reader.take_whole(&bytes),
+            Err(e) => reader.fail("disconnected", broken(&reader.source, e)),
+        }
+        futures_util::stream::iter(reader.ready)
+    };
+    Box::pin(futures_util::stream::once(whole).flatten())
+}
+
 /// The events of the SSE `body`, ending after the usage (or at the first error).
 pub fn read<E: std::fmt::Display>(
     body: impl Stream<Item = Result<Bytes, E>> + Send + 'static,
     source: Source,
 ) -> impl Stream<Item = Result<GenEvent, Error>> + Send + 'static {
-    let reader = Reader {
-        source,
-        counted: 0,
-        usage: None,
-        ready: VecDeque::new(),
-        ended: false,
-    };
+    let reader = Reader::new(source);
     let events = Box::pin(body.eventsource());
     futures_util::stream::unfold((reader, events), |(mut reader, mut events)| async move {
         loop {
@@ -76,6 +107,40 @@ struct Reader {
 }
 
 impl Reader {
+    fn new(source: Source) -> Self {
+        Self {
+            source,
+            counted: 0,
+            usage: None,
+            ready: VecDeque::new(),
+            ended: false,
+        }
+    }
+
+    /// Reads a whole answer: its choices as one delta each (tool calls numbered in order),
+    /// then its usage.
+    fn take_whole(&mut self, bytes: &[u8]) {
+        let mut answer = match serde_json::from_slice::<Chunk>(bytes) {
+            Ok(answer) => answer,
+            Err(e) => {
+                let why = format!(
+                    "The upstream for `{}` answered with invalid JSON: {e}",
+                    self.source.model
+                );
+                let error =
+                    Error::new(ErrorKind::BadGateway, why).with_code("upstream_invalid_response");
+                return self.fail("invalid", error);
+            }
+        };
+        for choice in answer.choices.iter_mut().flatten() {
+            let calls = choice.delta.tool_calls.iter_mut().flatten();
+            calls.enumerate().for_each(|(i, call)| call.index = i);
+        }
+        if !self.chunk(answer) {
+            self.take("[DONE]");
+        }
+    }
+
     /// Reads one event's data.
     fn take(&mut self, data: &str) {
         if data.trim() == "[DONE]" {
@@ -97,8 +162,14 @@ impl Reader {
                 return self.fail("invalid", error);
             }
         };
+        self.chunk(chunk);
+    }
+
+    /// Reads one chunk (or whole answer); whether it ended the answer with an error.
+    fn chunk(&mut self, chunk: Chunk) -> bool {
         if let Some(told) = chunk.error {
-            return self.fail("error", told.error());
+            self.fail("error", told.error());
+            return true;
         }
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
@@ -111,7 +182,8 @@ impl Reader {
                 );
                 let error =
                     Error::new(ErrorKind::BadGateway, why).with_code("upstream_invalid_response");
-                return self.fail("invalid", error);
+                self.fail("invalid", error);
+                return true;
             }
             match self.deltas(choice) {
                 Ok(deltas) => {
@@ -120,9 +192,13 @@ impl Reader {
                         self.ready.push_back(Ok(GenEvent::Delta(delta)));
                     }
                 }
-                Err(e) => return self.fail("invalid", e),
+                Err(e) => {
+                    self.fail("invalid", e);
+                    return true;
+                }
             }
         }
+        false
     }
 
     /// The deltas of one chunk's choice: one per tool call it carries, else one (none if it
@@ -134,6 +210,8 @@ impl Reader {
         };
         let text = (choice.delta.content).or(choice.text).unwrap_or_default();
         let tool_calls = choice.delta.tool_calls.unwrap_or_default();
+        let mut extra = choice.delta.extra;
+        extra.retain(|name, value| !value.is_null() && name != "role");
         let tokens = match &logprobs {
             Some(Logprobs::Chat(c)) => c.len(),
             Some(Logprobs::Completion(c)) => c.tokens.len(),
@@ -146,8 +224,14 @@ impl Reader {
             logprobs,
             tokens,
             finish: None,
+            extra: (!extra.is_empty()).then(|| Box::new(extra)),
         };
         let mut deltas: Vec<ChoiceDelta> = Vec::new();
+        if !first.text.is_empty() && !tool_calls.is_empty() {
+            // Text beside a tool call goes first, in a delta of its own.
+            deltas.push(std::mem::take(&mut first));
+            first.index = choice.index;
+        }
         for call in tool_calls {
             let mut delta = match deltas.is_empty() {
                 true => std::mem::take(&mut first),
@@ -262,8 +346,8 @@ impl Told {
 struct Choice {
     #[serde(default)]
     index: usize,
-    /// A chat chunk's.
-    #[serde(default, deserialize_with = "null_as_default")]
+    /// A chat chunk's delta, or a whole chat answer's message.
+    #[serde(default, alias = "message", deserialize_with = "null_as_default")]
     delta: Delta,
     /// A completion chunk's.
     #[serde(default)]
@@ -284,6 +368,9 @@ struct Delta {
     content: Option<String>,
     #[serde(default)]
     tool_calls: Option<Vec<ToolCallDelta>>,
+    /// The fields Osprey does not know.
+    #[serde(flatten)]
+    extra: serde_json::Map<String, serde_json::Value>,
 }
 
 #[cfg(test)]
@@ -402,5 +489,73 @@ mod tests {
             (e.message.as_str(), e.code.as_deref()),
             ("overloaded", Some("503"))
         );
+    }
+
+    fn whole(chat: bool, body: &str) -> Vec<Result<GenEvent, Error>> {
+        let source = Source {
+            model: "m".into(),
+            chat,
+            prompt_tokens: 5,
+            choices: 2,
+        };
+        let mut reader = Reader::new(source);
+        reader.take_whole(body.as_bytes());
+        reader.ready.into()
+    }
+
+    #[test]
+    fn a_whole_answer_is_read_as_one_delta_per_choice_keeping_unknown_fields() {
+        let answer = json!({"id": "x", "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "Hi",
+                "reasoning_content": "think", "refusal": null}, "finish_reason": "stop"},
+            {"index": 1, "message": {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+             "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}});
+        let got = whole(true, &answer.to_string());
+        assert_eq!(got.len(), 4, "{got:?}");
+        let first = delta(&got[0]);
+        assert_eq!(
+            (first.text.as_str(), first.finish),
+            ("Hi", Some(FinishReason::Stop))
+        );
+        let extra = first.extra.as_deref().unwrap();
+        assert_eq!(extra.len(), 1, "role and nulls are not extra: {extra:?}");
+        assert_eq!(extra["reasoning_content"], "think");
+        let calls: Vec<_> = got[1..3]
+            .iter()
+            .map(|e| delta(e).tool_call.clone().unwrap())
+            .collect();
+        assert_eq!(
+            (calls[0].index, calls[1].index),
+            (0, 1),
+            "numbered in order"
+        );
+        assert_eq!(delta(&got[2]).finish, Some(FinishReason::ToolCalls));
+        assert_eq!(got[3].as_ref().unwrap(), &GenEvent::Usage(Usage::new(3, 4)));
+
+        let both = json!({"choices": [{"index": 0, "message": {"content": "Let me look.",
+            "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": "{}"}}]}}]});
+        let got = whole(true, &both.to_string());
+        let (text, call) = (delta(&got[0]), delta(&got[1]));
+        assert_eq!(
+            (text.text.as_str(), text.tool_call.is_none()),
+            ("Let me look.", true)
+        );
+        assert_eq!(
+            (
+                call.text.as_str(),
+                call.tool_call.as_ref().unwrap().id.as_deref()
+            ),
+            ("", Some("a"))
+        );
+
+        let got = whole(true, "{\"choices\": [{\"message\": ");
+        let e = got[0].as_ref().unwrap_err();
+        assert_eq!(e.code.as_deref(), Some("upstream_invalid_response"));
+        let told = json!({"error": {"message": "busy", "type": "server_error"}});
+        let got = whole(false, &told.to_string());
+        assert_eq!(got[0].as_ref().unwrap_err().message, "busy");
     }
 }

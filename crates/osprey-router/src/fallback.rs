@@ -11,13 +11,14 @@
 
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, HeaderValue};
-use axum::response::Response;
+use axum::http::HeaderMap;
+use osprey_core::Error;
 use osprey_core::api::JsonBody;
+use osprey_core::backend::GenStream;
 use osprey_core::metrics as names;
-use osprey_core::{Error, UsageReport};
 
-use crate::upstream::{ROUTE_REASON, Upstream, warrants_fallback};
+use crate::events::Source;
+use crate::upstream::{Upstream, warrants_fallback};
 
 /// Where a fallback is served.
 pub enum Fallback {
@@ -38,7 +39,14 @@ pub struct RoutePlan {
 /// Where a request sent along a [`RoutePlan`] ended up.
 pub enum Forwarded {
     /// Answered by the first upstream or a fallback upstream.
-    Answered(Response),
+    Answered {
+        /// The model that answers, as served here.
+        by: String,
+        /// Its answer's events.
+        events: GenStream,
+        /// The route reason, for a fallback: which upstream failed, and how.
+        why: Option<String>,
+    },
     /// To be served here as model `name`, a fallback, for the reason `why`.
     Here {
         /// The model it is served as.
@@ -49,22 +57,34 @@ pub enum Forwarded {
 }
 
 impl RoutePlan {
-    /// Forwards `body` to the first upstream, and on a failure before the answer to each
-    /// fallback in turn (`body` renamed for it), sending `headers` with every request; the
-    /// first upstream's error if every fallback fails too.
+    /// Asks the first upstream for `body`'s answer (read as `source` says), and on a failure
+    /// before the answer each fallback in turn (`body` renamed for it), sending `headers` with
+    /// every request; the first upstream's error if every fallback fails too.
     pub async fn forward(
         &self,
         path: &str,
         body: &JsonBody,
-        usage: &Arc<UsageReport>,
+        source: Source,
         headers: HeaderMap,
     ) -> Result<Forwarded, Error> {
         let first = &self.first;
-        let error = match first
-            .forward_with(path, body, usage.clone(), headers.clone())
-            .await
-        {
-            Ok(response) => return Ok(Forwarded::Answered(response)),
+        let ask = async |upstream: &Upstream, body: &JsonBody| {
+            let source = Source {
+                model: upstream.name.clone(),
+                ..source.clone()
+            };
+            let events = upstream.answer(path, body, headers.clone(), source).await?;
+            match body.streamed() {
+                true => Ok(events),
+                false => upstream.read_to_end(events).await,
+            }
+        };
+        let error = match ask(first, body).await {
+            Ok(events) => {
+                let by = first.name.clone();
+                let why = None;
+                return Ok(Forwarded::Answered { by, events, why });
+            }
             Err(e) if warrants_fallback(&e) => e,
             Err(e) => return Err(e),
         };
@@ -92,13 +112,11 @@ impl RoutePlan {
             };
             let mut renamed = body.clone();
             renamed.set_model(to);
-            match (upstream.forward_with(path, &renamed, usage.clone(), headers.clone())).await {
-                Ok(mut response) => {
+            match ask(upstream, &renamed).await {
+                Ok(events) => {
                     counted();
-                    if let Ok(v) = HeaderValue::from_str(&why) {
-                        response.headers_mut().insert(ROUTE_REASON, v);
-                    }
-                    return Ok(Forwarded::Answered(response));
+                    let (by, why) = (to.clone(), Some(why));
+                    return Ok(Forwarded::Answered { by, events, why });
                 }
                 Err(e) if warrants_fallback(&e) => continue,
                 Err(e) => return Err(e),

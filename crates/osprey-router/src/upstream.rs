@@ -1,7 +1,8 @@
 //! Models served by OpenAI-compatible upstreams (vLLM, SGLang, TGI, llama-server, hosted APIs):
-//! the request body goes through as it came (model renamed if the upstream knows it by another
-//! name), the response comes back byte for byte, streams chunk by chunk, over one pooled HTTP
-//! client. Upstream failures become clear errors in OpenAI's envelope.
+//! the request body goes as it came (model renamed if the upstream knows it by another name,
+//! a stream asking for its usage), over one pooled HTTP client, and the answer is read once as
+//! typed events ([`crate::events`]) for the gateway to write. Upstream failures become clear
+//! errors in OpenAI's envelope.
 //!
 //! Every attempt of a request carries the same `x-request-id` (also on the response), so an
 //! upstream that deduplicates can tell a retry from a new request.
@@ -15,14 +16,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::Response;
 use futures_util::StreamExt;
-use osprey_core::api::{ErrorResponse, JsonBody, Usage};
+use osprey_core::api::{ErrorResponse, JsonBody};
+use osprey_core::backend::GenStream;
 use osprey_core::metrics as names;
-use osprey_core::{Error, ErrorKind, UsageReport};
+use osprey_core::{Error, ErrorKind};
 use serde::Deserialize;
+
+use crate::events::{self, Source};
 
 use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker, Outcome};
 use crate::retry::{RetryBudget, RetryBudgetConfig, backoff};
@@ -152,113 +155,45 @@ impl Upstream {
         self
     }
 
-    /// Forwards `body` to `{url}/{path}` and relays the answer; the usage the upstream reports
-    /// (or, for streams without one, a count of content chunks) goes to `usage` when the
-    /// response ends. The request gets a new id ([`REQUEST_ID`]).
-    pub async fn forward(
+    /// Asks `{url}/{path}` for `body`'s answer, sending `headers` too (the request's id, if
+    /// they hold one, and its trace context), and reads it once as typed events
+    /// ([`events::read_response`]), whether the server streams it or not. A streamed request
+    /// asks for its usage. A stream the upstream cuts off, or fills with what is not a chunk,
+    /// ends with an error (`upstream_disconnected`, `upstream_invalid_response`).
+    pub async fn answer(
         &self,
         path: &str,
         body: &JsonBody,
-        usage: Arc<UsageReport>,
-    ) -> Result<Response, Error> {
-        self.forward_with(path, body, usage, HeaderMap::new()).await
+        headers: HeaderMap,
+        source: Source,
+    ) -> Result<GenStream, Error> {
+        let mut with_usage = None;
+        if body.streamed() && !body.include_usage() {
+            let asking = with_usage.insert(body.clone());
+            asking.edit()["stream_options"]["include_usage"] = true.into();
+        }
+        let body = with_usage.as_ref().unwrap_or(body);
+        let sent = self.send(path, body, headers).await?;
+        Ok(events::read_response(sent.response, source))
     }
 
-    /// [`Self::forward`], sending `headers` too (the request's id, if they hold one, and its
-    /// trace context). A stream the upstream cuts off ends with an error event
-    /// (`upstream_disconnected`) rather than a broken connection.
-    pub async fn forward_with(
-        &self,
-        path: &str,
-        body: &JsonBody,
-        usage: Arc<UsageReport>,
-        headers: HeaderMap,
-    ) -> Result<Response, Error> {
-        let Sent {
-            response,
-            request_id,
-        } = self.send(path, body, headers).await?;
-        let content_type = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .cloned()
-            .unwrap_or(HeaderValue::from_static("application/json"));
-        let streaming = content_type.as_bytes().starts_with(b"text/event-stream");
-        let body = if streaming {
-            let mut meter = StreamMeter::new(usage);
-            let name = self.name.clone();
-            let chunks = response.bytes_stream().map(move |chunk| match chunk {
-                Ok(bytes) => match meter.feed(&bytes) {
-                    Ok(()) => Ok(bytes),
-                    // What came before the bad event goes on; the error event ends the stream.
-                    Err(NotJson { line_start }) => {
-                        let event = stream_error_event(
-                            &name,
-                            "invalid",
-                            Error::new(
-                                ErrorKind::BadGateway,
-                                format!(
-                                    "The upstream for `{name}` sent an event that is not JSON."
-                                ),
-                            )
-                            .with_code("upstream_invalid_response"),
-                        );
-                        Err([&bytes[..line_start], &event[..]].concat().into())
-                    }
-                },
-                Err(e) => Err(stream_error_event(
-                    &name,
-                    "disconnected",
-                    Error::new(
-                        ErrorKind::BadGateway,
-                        format!("The upstream for `{name}` broke off the stream: {e}"),
-                    )
-                    .with_code("upstream_disconnected"),
-                )),
-            });
-            // After the error event, nothing more.
-            let chunks = chunks.scan(false, |ended, chunk| {
-                let out = match (*ended, chunk) {
-                    (true, _) => None,
-                    (false, Ok(bytes)) => Some(Ok::<_, std::convert::Infallible>(bytes)),
-                    (false, Err(event)) => {
-                        *ended = true;
-                        Some(Ok(event))
-                    }
-                };
-                std::future::ready(out)
-            });
-            Body::from_stream(chunks)
-        } else {
-            let bytes = response.bytes().await.map_err(|e| {
-                Error::new(
-                    ErrorKind::BadGateway,
-                    format!("Reading the upstream's answer failed: {e}"),
-                )
-            })?;
-            if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err() {
-                self.count("invalid");
-                return Err(Error::new(
-                    ErrorKind::BadGateway,
-                    format!(
-                        "The upstream for `{}` answered with invalid JSON.",
-                        self.name
-                    ),
-                )
-                .with_code("upstream_invalid_response"));
-            }
-            if let Some(u) = usage_of(&bytes) {
-                usage.set(u.prompt_tokens as u64, u.completion_tokens as u64);
-            }
-            Body::from(bytes)
+    /// The answer `events` read to its end within the timeout, for a request that is not
+    /// streamed: nothing of it has gone out yet, so one that failed or did not end in time is
+    /// an error, and another backend may answer instead.
+    pub async fn read_to_end(&self, events: GenStream) -> Result<GenStream, Error> {
+        let limit = self.timeout;
+        let Ok(events) = tokio::time::timeout(limit, events.collect::<Vec<_>>()).await else {
+            self.count("timeout");
+            let why = format!(
+                "The upstream for `{}` did not finish its answer within {limit:?}.",
+                self.name
+            );
+            return Err(Error::new(ErrorKind::GatewayTimeout, why).with_code("upstream_timeout"));
         };
-        let mut out = Response::new(body);
-        out.headers_mut().insert(header::CONTENT_TYPE, content_type);
-        out.headers_mut().insert(REQUEST_ID, request_id);
-        if let Ok(name) = HeaderValue::from_str(&self.name) {
-            out.headers_mut().insert(SERVED_BY, name);
+        if let Some(Err(e)) = events.last() {
+            return Err(e.clone());
         }
-        Ok(out)
+        Ok(Box::pin(futures_util::stream::iter(events)))
     }
 
     /// Sends `body` to `{url}/{path}`, with `headers` and the request's id ([`REQUEST_ID`], the
@@ -517,87 +452,6 @@ fn upstream_error(model: &str, status: StatusCode, body: &str) -> Error {
         e = e.with_code("upstream_error");
     }
     e
-}
-
-/// The SSE event that ends a stream the upstream broke off or filled with garbage, in
-/// OpenAI's error shape; counted under `outcome`.
-fn stream_error_event(model: &str, outcome: &'static str, error: Error) -> Bytes {
-    metrics::counter!(names::UPSTREAM_REQUESTS, "model" => model.to_owned(), "outcome" => outcome)
-        .increment(1);
-    let envelope = serde_json::to_string(&error.envelope()).expect("an error envelope serialises");
-    format!("data: {envelope}\n\n").into()
-}
-
-#[derive(Deserialize)]
-struct WithUsage {
-    usage: Option<Usage>,
-}
-
-fn usage_of(bytes: &[u8]) -> Option<Usage> {
-    serde_json::from_slice::<WithUsage>(bytes).ok()?.usage
-}
-
-/// An upstream's stream event whose data is not JSON; its line starts at `line_start` in the
-/// chunk being read (0 when it began in an earlier one).
-struct NotJson {
-    line_start: usize,
-}
-
-/// Watches an SSE stream go by: takes the usage chunk if the upstream sends one, counts
-/// content chunks otherwise, and reports when the stream is dropped.
-struct StreamMeter {
-    usage: Arc<UsageReport>,
-    line: Vec<u8>,
-    chunks: u64,
-    reported: Option<Usage>,
-}
-
-impl StreamMeter {
-    fn new(usage: Arc<UsageReport>) -> Self {
-        Self {
-            usage,
-            line: Vec::new(),
-            chunks: 0,
-            reported: None,
-        }
-    }
-
-    /// Reads `bytes` of the stream; an event whose data is not JSON (nor `[DONE]`) is an error.
-    fn feed(&mut self, bytes: &[u8]) -> Result<(), NotJson> {
-        for (i, &b) in bytes.iter().enumerate() {
-            if b != b'\n' {
-                self.line.push(b);
-                continue;
-            }
-            let line_start = (i + 1).saturating_sub(self.line.len() + 1);
-            if let Some(data) = self.line.strip_prefix(b"data:") {
-                let data = data.trim_ascii();
-                if data != b"[DONE]" {
-                    self.chunks += 1;
-                    if data.windows(8).any(|w| w == b"\"usage\":")
-                        && let Some(u) = usage_of(data)
-                    {
-                        self.reported = Some(u);
-                    } else if serde_json::from_slice::<serde::de::IgnoredAny>(data).is_err() {
-                        return Err(NotJson { line_start });
-                    }
-                }
-            }
-            self.line.clear();
-        }
-        Ok(())
-    }
-}
-
-impl Drop for StreamMeter {
-    fn drop(&mut self) {
-        match self.reported {
-            Some(u) => self
-                .usage
-                .set(u.prompt_tokens as u64, u.completion_tokens as u64),
-            None => self.usage.set_completion_only(self.chunks),
-        }
-    }
 }
 
 #[cfg(test)]

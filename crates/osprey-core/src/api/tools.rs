@@ -108,6 +108,7 @@ pub struct FunctionCall {
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct ToolCallDelta {
     /// Which call of the answer.
+    #[serde(default)]
     pub index: usize,
     /// The call's id, on its first increment.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::replay;
 use crate::state::{ServedBy, Services};
 use osprey_router::auto;
+use osprey_router::events::Source;
 use osprey_router::fallback::{Fallback, Forwarded, RoutePlan};
 use osprey_router::upstream::{ROUTE_REASON, SERVED_BY, Upstream};
 use osprey_router::workers::SERVED_BY_WORKER;
@@ -68,9 +69,8 @@ pub(super) async fn checked<R: Routed>(
     }
 }
 
-/// Sends a generation request where the model its body names is served: through an upstream
-/// as it is (or to its fallbacks); or typed, to a worker of the pool or the local engine, whose
-/// events are written here.
+/// Sends a generation request where the model its body names is served: to an upstream (or
+/// its fallbacks), a worker of the pool or the local engine, whose events are written here.
 pub(super) async fn dispatch<R: Routed>(
     state: &Services,
     admitted: Admitted,
@@ -78,24 +78,35 @@ pub(super) async fn dispatch<R: Routed>(
     path: &str,
 ) -> Result<Response, ApiError> {
     let Admitted { caller, usage, .. } = admitted;
+    // Typed in full first, so a malformed body is reported as such even when it also names an
+    // unknown model.
+    let mut asked = body.typed::<R>()?.asked();
+    let mut writer = crate::write::Writer::of(&asked)?;
     let mut reason = None;
-    if let Ok(ServedBy::Upstream(upstream)) = state.served_by(body.model()) {
+    if let Ok(ServedBy::Upstream(upstream)) = state.served_by(asked.model()) {
         let plan = route_plan(state, &caller, upstream);
+        let prompt = osprey_core::tokens::estimate_body(body.received_len()) as usize;
+        let source = Source::of(asked.model(), &asked, prompt)?;
         let headers = crate::telemetry::outgoing();
-        match plan.forward(path, &body, &usage, headers).await? {
-            Forwarded::Answered(response) => return Ok(response),
+        match plan.forward(path, &body, source, headers).await? {
+            Forwarded::Answered { by, events, why } => {
+                let events = usage_reported(events, usage);
+                let mut response = writer.answer(events).await?;
+                let headers = response.headers_mut();
+                (HeaderValue::from_str(&by).ok()).map(|v| headers.insert(SERVED_BY, v));
+                let why = why.and_then(|r| HeaderValue::from_str(&r).ok());
+                why.map(|v| headers.insert(ROUTE_REASON, v));
+                return Ok(response);
+            }
             Forwarded::Here { name, why } => {
                 body.set_model(&name);
                 reason = Some(why);
+                asked = body.typed::<R>()?.asked();
+                writer = crate::write::Writer::of(&asked)?;
             }
         }
     }
-    // Anything else is typed in full first, so a malformed body is reported as such even
-    // when it also names an unknown model.
-    let request: R = body.typed()?;
-    let served = state.served_by(request.model());
-    let asked = request.asked();
-    let writer = crate::write::Writer::of(&asked)?;
+    let served = state.served_by(asked.model());
     let tenant = &caller.tenant;
     let request = GenRequest {
         priority: caller.priority_of(asked.osprey()),

@@ -1,13 +1,17 @@
 //! Chat answers: `chat.completion` whole, `chat.completion.chunk`s streamed (the role first,
-//! then one chunk per piece of text or tool call, the finish in a chunk of its own).
+//! then one chunk per piece of text or tool call, the finish in a chunk of its own). Fields
+//! another server's deltas carried that Osprey does not know ([`ChoiceDelta::extra`]) go into
+//! the chunk's delta; whole, into the message, pieces of text joined.
 
 use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
 use osprey_core::Error;
 use osprey_core::api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChatDelta, ChatLogprobs, FunctionCall, ToolCall, Usage,
 };
 use osprey_core::backend::{ChoiceDelta, GenStream, Logprobs};
+use serde_json::{Map, Value};
 
 use super::{Chunks, Head, collect, fingerprint};
 use crate::sse::json_event;
@@ -27,7 +31,7 @@ impl ChatWriter {
     }
 
     /// The whole answer.
-    pub(super) async fn whole(self, events: GenStream) -> Result<ChatCompletion, Error> {
+    pub(super) async fn whole(self, events: GenStream) -> Result<Response, Error> {
         let mut choices: Vec<ChatChoice> = (0..self.n)
             .map(|index| ChatChoice {
                 index,
@@ -40,7 +44,14 @@ impl ChatWriter {
                 finish_reason: None,
             })
             .collect();
-        let usage = collect(events, |delta| add(&mut choices[delta.index], delta)).await?;
+        let mut extras: Vec<Option<Map<String, Value>>> = vec![None; self.n];
+        let usage = collect(events, |mut delta| {
+            if let Some(extra) = delta.extra.take() {
+                join(extras[delta.index].get_or_insert_default(), *extra);
+            }
+            add(&mut choices[delta.index], delta)
+        })
+        .await?;
         for choice in &mut choices {
             // An answer of tool calls alone has no content.
             let message = &mut choice.message;
@@ -48,7 +59,7 @@ impl ChatWriter {
                 message.content = None;
             }
         }
-        Ok(ChatCompletion {
+        let answer = ChatCompletion {
             id: self.head.id,
             object: "chat.completion".into(),
             created: self.head.created,
@@ -56,11 +67,21 @@ impl ChatWriter {
             choices,
             usage,
             system_fingerprint: fingerprint(),
-        })
+        };
+        if extras.iter().all(Option::is_none) {
+            return Ok(axum::Json(answer).into_response());
+        }
+        let mut answer = serde_json::to_value(answer).expect("an answer serialises");
+        for (i, extra) in extras.into_iter().enumerate() {
+            if let Some(Value::Object(message)) = answer["choices"][i].get_mut("message") {
+                message.extend(extra.into_iter().flatten());
+            }
+        }
+        Ok(axum::Json(answer).into_response())
     }
 
-    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> Event {
-        json_event(&ChatCompletionChunk {
+    fn object(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatCompletionChunk {
+        ChatCompletionChunk {
             id: self.head.id.clone(),
             object: "chat.completion.chunk".into(),
             created: self.head.created,
@@ -68,7 +89,33 @@ impl ChatWriter {
             choices,
             usage: self.head.include_usage.then_some(usage),
             system_fingerprint: fingerprint(),
-        })
+        }
+    }
+
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> Event {
+        json_event(&self.object(choices, usage))
+    }
+
+    /// The chunk of `choice`, its delta given the `extra` fields.
+    fn chunk_with(&self, choice: ChatChunkChoice, extra: Map<String, Value>) -> Event {
+        let chunk = self.object(vec![choice], None);
+        let mut chunk = serde_json::to_value(chunk).expect("a chunk serialises");
+        if let Some(Value::Object(delta)) = chunk["choices"][0].get_mut("delta") {
+            delta.extend(extra);
+        }
+        json_event(&chunk)
+    }
+}
+
+/// `more` unknown fields of a message added to `all`: text joined, anything else replaced.
+fn join(all: &mut Map<String, Value>, more: Map<String, Value>) {
+    for (name, value) in more {
+        match (all.get_mut(&name), value) {
+            (Some(Value::String(text)), Value::String(piece)) => text.push_str(&piece),
+            (_, value) => {
+                all.insert(name, value);
+            }
+        }
     }
 }
 
@@ -80,7 +127,9 @@ fn add(choice: &mut ChatChoice, delta: ChoiceDelta) {
             let calls = message.tool_calls.get_or_insert_with(Vec::new);
             let arguments = call.function.arguments.unwrap_or_default();
             match (call.id, calls.get_mut(call.index)) {
-                (Some(id), _) => calls.push(ToolCall {
+                // A call already begun, its id sent again (as some servers do), goes on.
+                (_, Some(started)) => started.function.arguments.push_str(&arguments),
+                (Some(id), None) => calls.push(ToolCall {
                     id,
                     kind: call.kind.unwrap_or_else(|| "function".into()),
                     function: FunctionCall {
@@ -88,7 +137,6 @@ fn add(choice: &mut ChatChoice, delta: ChoiceDelta) {
                         arguments,
                     },
                 }),
-                (None, Some(started)) => started.function.arguments.push_str(&arguments),
                 (None, None) => {}
             }
         }
@@ -134,14 +182,16 @@ impl Chunks for ChatWriter {
             Some(Logprobs::Chat(content)) => Some(ChatLogprobs { content }),
             _ => None,
         };
-        if !delta.text.is_empty() || delta.tool_call.is_some() || logprobs.is_some() {
+        let extra = delta.extra;
+        let said = !delta.text.is_empty() || delta.tool_call.is_some() || logprobs.is_some();
+        if said || extra.is_some() {
             let delta = match delta.tool_call {
                 Some(call) => ChatDelta {
                     tool_calls: Some(vec![call]),
                     ..ChatDelta::default()
                 },
                 None => ChatDelta {
-                    content: Some(delta.text),
+                    content: (!delta.text.is_empty() || extra.is_none()).then_some(delta.text),
                     ..ChatDelta::default()
                 },
             };
@@ -151,7 +201,10 @@ impl Chunks for ChatWriter {
                 logprobs,
                 finish_reason: None,
             };
-            chunks.push(self.chunk(vec![choice], None));
+            chunks.push(match extra {
+                None => self.chunk(vec![choice], None),
+                Some(extra) => self.chunk_with(choice, *extra),
+            });
         }
         if let Some(reason) = delta.finish {
             let last = ChatChunkChoice {

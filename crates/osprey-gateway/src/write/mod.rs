@@ -41,7 +41,7 @@ impl Writer {
     pub async fn answer(self, events: GenStream) -> Result<Response, ApiError> {
         Ok(match self {
             Writer::Chat(w) if w.head.streaming => stream_response(written(w, events)),
-            Writer::Chat(w) => axum::Json(w.whole(events).await?).into_response(),
+            Writer::Chat(w) => w.whole(events).await?,
             Writer::Completion(w) if w.head.streaming => stream_response(written(w, events)),
             Writer::Completion(w) => axum::Json(w.whole(events).await?).into_response(),
         })
@@ -179,7 +179,9 @@ mod tests {
         let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
         let script = vec![
             call(0, 0, Some("get_weather"), "{\"city\":"),
-            call(0, 0, None, "\"Paris\"}"),
+            call(0, 0, None, "\"Paris\""),
+            // The call's id sent again with a piece (as some servers do): the same call.
+            call(0, 0, Some("get_weather"), "}"),
             call(0, 1, Some("add"), "{}"),
             finish(0, ToolCalls),
             usage(7, 3),
@@ -265,5 +267,42 @@ mod tests {
         assert_eq!(choices[3]["finish_reason"], "length");
         assert_eq!(choices[1]["text"], "");
         assert_eq!(answer["object"], "text_completion");
+    }
+
+    #[tokio::test]
+    async fn fields_another_server_sent_reach_the_delta_and_the_whole_message() {
+        let thought = |piece: &str| {
+            let mut extra = serde_json::Map::new();
+            extra.insert("reasoning_content".into(), piece.into());
+            Ok(GenEvent::Delta(osprey_core::backend::ChoiceDelta {
+                tokens: 1,
+                extra: Some(Box::new(extra)),
+                ..Default::default()
+            }))
+        };
+        let script = || {
+            vec![
+                thought("think "),
+                thought("hard"),
+                text(0, "42", 1),
+                finish(0, Stop),
+                usage(1, 3),
+            ]
+        };
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "?"}]});
+        let answer = json(&written(body.clone(), script()).await[0]);
+        let message = &answer["choices"][0]["message"];
+        assert_eq!(message["reasoning_content"], "think hard");
+        assert_eq!(message["content"], "42");
+
+        let mut body = body;
+        body["stream"] = true.into();
+        let events = written(body, script()).await;
+        let deltas: Vec<Value> = (events[1..3].iter())
+            .map(|e| json(e)["choices"][0]["delta"].clone())
+            .collect();
+        assert_eq!(deltas[0], json!({"reasoning_content": "think "}));
+        assert_eq!(deltas[1], json!({"reasoning_content": "hard"}));
+        assert_eq!(json(&events[3])["choices"][0]["delta"]["content"], "42");
     }
 }

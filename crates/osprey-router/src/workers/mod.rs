@@ -40,7 +40,7 @@ use osprey_engine::Prompter;
 use osprey_engine::backend::{chat, completions};
 use osprey_engine::kv::prefix_hashes;
 
-use crate::events::{self, Source};
+use crate::events::Source;
 use crate::prefix_index::{MAX_WORKERS, PrefixIndex};
 use crate::retry::{RetryBudget, RetryBudgetConfig};
 use crate::select::{Candidate, Policy, choose};
@@ -221,16 +221,7 @@ impl WorkerPool {
         edit["stream"] = true.into();
         edit["stream_options"] = serde_json::json!({ "include_usage": true });
         let whole = !asked.sampling().streaming();
-        let prompts = match &asked {
-            Asked::Chat(_) => 1,
-            Asked::Completion(r) => r.prompts()?.len(),
-        };
-        let source = Source {
-            model: self.name.clone(),
-            chat: matches!(asked, Asked::Chat(_)),
-            prompt_tokens: prompt.len(),
-            choices: prompts * asked.sampling().choices()?,
-        };
+        let source = Source::of(&self.name, &asked, prompt.len())?;
         self.budget
             .lock()
             .expect("budget lock")
@@ -244,28 +235,19 @@ impl WorkerPool {
             tried[w] = true;
             let worker = &self.workers[w];
             let in_flight = InFlight::enter(&worker.in_flight);
-            let e = match worker.upstream.send(path, &body, headers.clone()).await {
-                Ok(sent) => {
-                    let events = events::read(sent.response.bytes_stream(), source.clone()).map(
-                        move |event| {
-                            let _until_the_end = &in_flight;
-                            event
+            let answer = (worker.upstream).answer(path, &body, headers.clone(), source.clone());
+            let e = match answer.await {
+                Ok(events) => {
+                    let events = Box::pin(events.map(move |event| {
+                        let _until_the_end = &in_flight;
+                        event
+                    }));
+                    match whole {
+                        false => return Ok((worker.url.clone(), events)),
+                        true => match worker.upstream.read_to_end(events).await {
+                            Ok(events) => return Ok((worker.url.clone(), events)),
+                            Err(e) => e,
                         },
-                    );
-                    if !whole {
-                        return Ok((worker.url.clone(), Box::pin(events)));
-                    }
-                    let limit = worker.upstream.timeout();
-                    let events: Vec<_> = match tokio::time::timeout(limit, events.collect()).await {
-                        Ok(events) => events,
-                        Err(_) => vec![Err(self.late(limit))],
-                    };
-                    match events.last() {
-                        Some(Err(e)) if warrants_fallback(e) => e.clone(),
-                        _ => {
-                            let events = futures_util::stream::iter(events);
-                            return Ok((worker.url.clone(), Box::pin(events)));
-                        }
                     }
                 }
                 Err(e) => e,
@@ -334,17 +316,6 @@ impl WorkerPool {
     }
 
     /// The error of a whole answer not done within `limit`.
-    fn late(&self, limit: std::time::Duration) -> Error {
-        Error::new(
-            ErrorKind::GatewayTimeout,
-            format!(
-                "The worker serving `{}` did not finish the answer within {limit:?}.",
-                self.name
-            ),
-        )
-        .with_code("upstream_timeout")
-    }
-
     fn no_worker(&self) -> Error {
         Error::new(
             ErrorKind::Unavailable,
