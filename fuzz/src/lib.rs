@@ -72,8 +72,7 @@ pub fn request_json(data: &[u8]) {
 /// An upstream's answer, cut into chunks at the sizes the first byte picks, served as
 /// server-sent events or (when the first byte's bit 6 is set) as one JSON answer: read as typed
 /// events by [`osprey_router::upstream::Upstream::answer`] (as a chat answer) and by
-/// [`osprey_router::events::read`] (as a completion), and read event by event as the gateway's
-/// way out does ([`osprey_gateway::outbound`]).
+/// [`osprey_router::events::read`] (as a completion).
 pub fn upstream_sse(data: &[u8]) {
     let Some((&first, rest)) = data.split_first() else {
         return;
@@ -102,26 +101,11 @@ pub fn upstream_sse(data: &[u8]) {
         if let Ok(events) = answer.await {
             let _: Vec<_> = events.collect().await;
         }
-        let stream =
-            || futures_util::stream::iter(chunks.clone().into_iter().map(Ok::<_, std::io::Error>));
-        let events = osprey_router::events::read(stream(), source(false));
+        let stream = futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+        let events = osprey_router::events::read(stream, source(false));
         let _: Vec<_> = events.collect().await;
-        let mut response = Response::new(Body::from_stream(stream()));
-        let sse = axum::http::HeaderValue::from_static("text/event-stream");
-        response
-            .headers_mut()
-            .insert(axum::http::header::CONTENT_TYPE, sse);
-        let mut out = osprey_gateway::outbound::Outbound::default();
-        out.push(Pass);
-        let mut body = out.apply(response).await.into_body().into_data_stream();
-        while let Some(Ok(_)) = body.next().await {}
     });
 }
-
-/// A step of the way out that changes nothing: every event is still read and parsed.
-struct Pass;
-
-impl osprey_gateway::outbound::Step for Pass {}
 
 /// A conversation rendered with the model's chat template: messages separated by NUL, each
 /// `role` SOH `content` (a message without SOH is a user's).

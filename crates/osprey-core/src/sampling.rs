@@ -79,6 +79,8 @@ pub enum FinishReason {
     Length,
     /// The answer ended with tool calls.
     ToolCalls,
+    /// The output filter stopped the answer.
+    ContentFilter,
 }
 
 /// How urgently a request wants its tokens. Interactive requests are admitted first and their

@@ -8,9 +8,9 @@
 //! - **Where**: in this process by default (bounded like the recent answers); with `--redis`,
 //!   in Redis, so every replica shares it. A Redis that fails or is slow (100 ms) is a miss.
 //! - **What**: successful answers without logprobs or tool calls, not stopped by the output
-//!   filter and not degraded by the load ladder, as the JSON of a non-streamed answer. A streamed answer is kept once its stream
-//!   ends with usage and `[DONE]`. A streamed request that hits gets the kept answer as a
-//!   stream: a chunk with each choice's text, its finish, the usage if asked, `[DONE]`.
+//!   filter and not degraded by the load ladder, as the JSON of a non-streamed answer, once
+//!   it is complete (streamed or not). A request that hits gets the kept answer as typed
+//!   events, written like any answer (streamed if it asks for a stream) under the kept id.
 //! - **Whose**: an answer given with a user's memory or conversation in its prompt is that
 //!   user's: its key's scope names the user, and [`ResponseCache::forget`] drops every answer
 //!   of a user (deleting the user does).
@@ -19,23 +19,24 @@
 //! - **Seen**: `x-osprey-cache: hit` or `miss` on every cacheable answer, and
 //!   `osprey_response_cache_total{result}`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::future::BoxFuture;
-use osprey_core::Error;
+use osprey_core::backend::ChoiceDelta;
+use osprey_core::{Error, FinishReason};
 use osprey_store::Owner;
 use redis::AsyncCommands;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::outbound::{Seen, Step};
+use crate::outbound::{Added, Complete, Seen, Step};
 use crate::replay::{Answers, CACHE, KEPT_FOR};
-use crate::semantic_cache::{SIMILARITY_HEADER, SemanticIndex, Similar};
+use crate::semantic_cache::{SemanticIndex, Similar};
 use osprey_store::SharedRedis;
 
 /// How long Redis may take to answer before the lookup counts as a miss.
@@ -183,21 +184,12 @@ impl ResponseCache {
         found
     }
 
-    /// The answer kept for a request that means the same as `s`, marked as a hit with its
-    /// similarity, streamed if `streamed`.
-    pub fn similar(&self, s: &Similar, streamed: bool, include_usage: bool) -> Option<Response> {
-        let (answer, similarity) = self.semantic.find(s)?;
-        let mut response = replay(&answer, streamed, include_usage);
-        if let Ok(v) = HeaderValue::from_str(&format!("{similarity:.3}")) {
-            response.headers_mut().insert(SIMILARITY_HEADER, v);
-        }
-        Some(response)
+    /// The answer kept for a request that means the same as `s`, with its similarity.
+    pub fn similar(&self, s: &Similar) -> Option<(Arc<Value>, f32)> {
+        self.semantic.find(s)
     }
 
     async fn put(&self, slot: &Slot, answer: &Value) {
-        if !keepable(answer) {
-            return;
-        }
         let key = slot.key;
         if let Some(s) = &slot.similar {
             self.semantic
@@ -280,12 +272,14 @@ impl ResponseCache {
 }
 
 /// Cache keep, a step of the way out ([`crate::outbound`]): the answer to a cacheable miss,
-/// marked `miss`, kept in its slot once it is complete.
+/// marked `miss`, kept in its slot once it is complete, as the JSON of a whole answer.
 pub struct CacheKeep {
     cache: Arc<ResponseCache>,
     slot: Slot,
-    /// A stream's chunks so far.
-    assembled: Assembled,
+    /// Per choice: its text and why it ended.
+    choices: BTreeMap<usize, (String, Option<FinishReason>)>,
+    /// A choice had what is not kept (log-probabilities, tool calls, a filtered end).
+    unkept: bool,
 }
 
 impl CacheKeep {
@@ -294,8 +288,32 @@ impl CacheKeep {
         Self {
             cache,
             slot,
-            assembled: Assembled::default(),
+            choices: BTreeMap::new(),
+            unkept: false,
         }
+    }
+
+    /// The whole answer it heard, complete as `answer`.
+    fn answer(&self, answer: &Complete<'_>) -> Option<Value> {
+        let usage = answer.usage.filter(|_| !self.unkept)?;
+        let choices: Vec<Value> = (self.choices.iter())
+            .map(|(i, (text, finish))| match answer.chat {
+                true => json!({"index": i, "message": {"role": "assistant", "content": text},
+                               "logprobs": null, "finish_reason": finish}),
+                false => {
+                    json!({"index": i, "text": text, "logprobs": null, "finish_reason": finish})
+                }
+            })
+            .collect();
+        let object = match answer.chat {
+            true => "chat.completion",
+            false => "text_completion",
+        };
+        Some(
+            json!({"id": answer.id, "object": object, "created": answer.created,
+            "model": answer.model, "system_fingerprint": crate::sse::FINGERPRINT,
+            "choices": choices, "usage": usage}),
+        )
     }
 }
 
@@ -304,149 +322,24 @@ impl Step for CacheKeep {
         headers.insert(CACHE, HeaderValue::from_static("miss"));
     }
 
-    fn chunk(&mut self, chunk: &mut Value) -> Seen {
-        self.assembled.add(chunk);
+    fn delta(&mut self, delta: &mut ChoiceDelta) -> Seen {
+        let (text, finish) = self.choices.entry(delta.index).or_default();
+        text.push_str(&delta.text);
+        *finish = delta.finish.or(*finish);
+        self.unkept |= delta.logprobs.is_some()
+            || delta.tool_call.is_some()
+            || delta.finish == Some(FinishReason::ContentFilter);
         Seen::Send
     }
 
-    fn end(&mut self) -> BoxFuture<'_, Result<Option<Value>, Error>> {
+    fn end<'a>(&'a mut self, answer: &'a Complete<'a>) -> BoxFuture<'a, Result<Added, Error>> {
         Box::pin(async move {
-            if let Some(answer) = self.assembled.answer() {
+            if let Some(answer) = self.answer(answer) {
                 self.cache.put(&self.slot, &answer).await;
             }
             Ok(None)
         })
     }
-
-    fn whole<'a>(&'a mut self, answer: &'a mut Value) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(async move {
-            self.cache.put(&self.slot, answer).await;
-            Ok(())
-        })
-    }
-}
-
-/// Whether an answer may be kept: it has usage, and no choice has logprobs, tool calls or
-/// was stopped by the output filter.
-fn keepable(answer: &Value) -> bool {
-    let choices = answer["choices"].as_array();
-    answer["usage"].is_object()
-        && choices.is_some_and(|cs| {
-            cs.iter().all(|c| {
-                c["logprobs"].is_null()
-                    && c["message"]["tool_calls"].is_null()
-                    && c["finish_reason"] != "content_filter"
-            })
-        })
-}
-
-/// A streamed answer put back together from its chunks.
-#[derive(Default)]
-struct Assembled {
-    head: Option<Value>,
-    /// Per choice: text, finish reason.
-    choices: std::collections::BTreeMap<u64, (String, Value)>,
-    usage: Option<Value>,
-    chat: bool,
-    broken: bool,
-}
-
-impl Assembled {
-    fn add(&mut self, chunk: &Value) {
-        if self.head.is_none() {
-            self.head = Some(chunk.clone());
-            self.chat = chunk["object"] == "chat.completion.chunk";
-        }
-        if chunk["usage"].is_object() {
-            self.usage = Some(chunk["usage"].clone());
-        }
-        for c in chunk["choices"].as_array().into_iter().flatten() {
-            let entry = self
-                .choices
-                .entry(c["index"].as_u64().unwrap_or(0))
-                .or_default();
-            entry
-                .0
-                .push_str(osprey_core::api::choice_text(c).unwrap_or_default());
-            if !c["finish_reason"].is_null() {
-                entry.1 = c["finish_reason"].clone();
-            }
-            self.broken |= !c["logprobs"].is_null() || !c["delta"]["tool_calls"].is_null();
-        }
-    }
-
-    /// The non-streamed answer it amounts to.
-    fn answer(&self) -> Option<Value> {
-        let head = self.head.as_ref().filter(|_| !self.broken)?;
-        let choices: Vec<Value> = (self.choices.iter())
-            .map(|(i, (text, finish))| match self.chat {
-                true => json!({"index": i, "message": {"role": "assistant", "content": text},
-                               "logprobs": null, "finish_reason": finish}),
-                false => {
-                    json!({"index": i, "text": text, "logprobs": null, "finish_reason": finish})
-                }
-            })
-            .collect();
-        let object = if self.chat {
-            "chat.completion"
-        } else {
-            "text_completion"
-        };
-        Some(
-            json!({"id": head["id"], "object": object, "created": head["created"],
-                    "model": head["model"], "system_fingerprint": head["system_fingerprint"],
-                    "choices": choices, "usage": self.usage.clone()?}),
-        )
-    }
-}
-
-/// The kept `answer` as the response to a request that hit, streamed if it asked for a stream.
-pub fn replay(answer: &Value, streamed: bool, include_usage: bool) -> Response {
-    let mut response = match streamed {
-        false => axum::Json(answer.clone()).into_response(),
-        true => {
-            let chat = answer["object"] == "chat.completion";
-            let object = if chat {
-                "chat.completion.chunk"
-            } else {
-                "text_completion"
-            };
-            let chunk = |choices: Value| {
-                json!({"id": answer["id"], "object": object, "created": answer["created"],
-                       "model": answer["model"], "system_fingerprint": answer["system_fingerprint"],
-                       "choices": choices})
-            };
-            let mut events = Vec::new();
-            for c in answer["choices"].as_array().into_iter().flatten() {
-                let i = &c["index"];
-                events.push(match chat {
-                    true => chunk(json!([{"index": i, "delta": {"role": "assistant", "content": c["message"]["content"]}, "logprobs": null, "finish_reason": null}])),
-                    false => chunk(json!([{"index": i, "text": c["text"], "logprobs": null, "finish_reason": null}])),
-                });
-                events.push(match chat {
-                    true => chunk(json!([{"index": i, "delta": {}, "logprobs": null, "finish_reason": c["finish_reason"]}])),
-                    false => chunk(json!([{"index": i, "text": "", "logprobs": null, "finish_reason": c["finish_reason"]}])),
-                });
-            }
-            if include_usage {
-                let mut last = chunk(json!([]));
-                last["usage"] = answer["usage"].clone();
-                events.push(last);
-            }
-            let mut sse: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
-            sse.push_str("data: [DONE]\n\n");
-            let mut r = Response::new(Body::from(sse));
-            r.headers_mut().insert(
-                axum::http::header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-            r
-        }
-    };
-    response
-        .headers_mut()
-        .insert(CACHE, HeaderValue::from_static("hit"));
-    response
 }
 
 #[cfg(test)]
@@ -477,30 +370,46 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_puts_back_together_and_replays() {
-        let mut a = Assembled::default();
-        let head =
-            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"});
-        let with = |choices: Value| {
-            let mut c = head.clone();
-            c["choices"] = choices;
-            c
+    fn an_answer_is_kept_whole_once_complete_and_not_with_what_is_not_kept() {
+        let slot = Slot {
+            key: [0; 32],
+            owner: None,
+            similar: None,
         };
-        a.add(&with(
-            json!([{"index": 0, "delta": {"role": "assistant", "content": "Hel"}}]),
-        ));
-        a.add(&with(
-            json!([{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]),
-        ));
-        assert!(a.answer().is_none(), "no usage yet: not kept");
-        let mut usage = with(json!([]));
-        usage["usage"] = json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5});
-        a.add(&usage);
-        let answer = a.answer().unwrap();
+        let mut keep = CacheKeep::new(Arc::new(ResponseCache::memory()), slot);
+        for (text, finish) in [("Hel", None), ("lo", Some(FinishReason::Stop))] {
+            let text = text.to_owned();
+            let mut delta = ChoiceDelta {
+                text,
+                finish,
+                ..Default::default()
+            };
+            assert_eq!(keep.delta(&mut delta), Seen::Send);
+        }
+        let usage = osprey_core::api::Usage::new(3, 2);
+        let complete = |usage| Complete {
+            id: "c1",
+            created: 1,
+            model: "m",
+            chat: true,
+            usage,
+        };
+        assert!(keep.answer(&complete(None)).is_none(), "ended early");
+        let answer = keep.answer(&complete(Some(&usage))).unwrap();
         assert_eq!(answer["choices"][0]["message"]["content"], "Hello");
         assert_eq!(answer["choices"][0]["finish_reason"], "stop");
-        assert!(keepable(&answer));
-        let r = replay(&answer, false, false);
-        assert_eq!(r.headers()[CACHE], "hit");
+        assert_eq!(
+            (
+                answer["id"].as_str(),
+                answer["usage"]["total_tokens"].as_u64()
+            ),
+            (Some("c1"), Some(5))
+        );
+        let mut filtered = ChoiceDelta {
+            finish: Some(FinishReason::ContentFilter),
+            ..Default::default()
+        };
+        keep.delta(&mut filtered);
+        assert!(keep.answer(&complete(Some(&usage))).is_none(), "filtered");
     }
 }

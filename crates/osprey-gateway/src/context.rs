@@ -14,9 +14,10 @@ use osprey_core::api::JsonBody;
 use serde_json::{Map, Value};
 
 use crate::edge::Caller;
-use crate::outbound::{Seen, Step};
+use crate::outbound::{Added, Complete, Seen, Step};
 use crate::request_log::Noted;
 use crate::state::Services;
+use osprey_core::backend::ChoiceDelta;
 
 /// The response header saying what memory went into the prompt.
 pub const MEMORY_HEADER: &str = "x-osprey-memory";
@@ -103,25 +104,14 @@ impl SummaryWriter for Summaries<'_> {
 /// Turn keep, a step of the way out: the answer (choice 0) heard as it passes, and the turn
 /// appended before the client sees the end of it.
 impl Step for Turn {
-    fn chunk(&mut self, chunk: &mut Value) -> Seen {
-        for choice in chunk["choices"].as_array().into_iter().flatten() {
-            if choice["index"].as_u64().unwrap_or(0) == 0
-                && let Some(t) = osprey_core::api::choice_text(choice)
-            {
-                self.hear(t);
-            }
+    fn delta(&mut self, delta: &mut ChoiceDelta) -> Seen {
+        if delta.index == 0 {
+            self.hear(&delta.text);
         }
         Seen::Send
     }
 
-    fn end(&mut self) -> BoxFuture<'_, Result<Option<Value>, Error>> {
+    fn end<'a>(&'a mut self, _answer: &'a Complete<'a>) -> BoxFuture<'a, Result<Added, Error>> {
         Box::pin(async move { self.keep_heard().await.map(|()| None) })
-    }
-
-    fn whole<'a>(&'a mut self, answer: &'a mut Value) -> BoxFuture<'a, Result<(), Error>> {
-        let text = (answer["choices"][0]["message"]["content"].as_str())
-            .unwrap_or_default()
-            .to_owned();
-        Box::pin(self.keep(text))
     }
 }

@@ -8,16 +8,15 @@ use axum::http::{HeaderMap, HeaderValue};
 use futures_util::future::BoxFuture;
 use osprey_context::retrieval::{RagAsked, Retrieved};
 use osprey_core::api::JsonBody;
+use osprey_core::backend::ChoiceDelta;
 use osprey_core::{Error, ErrorKind};
 use osprey_policy::pipeline::Pipeline;
 use osprey_rag::{Collection, Hit, RagError, SearchQuery};
-use serde_json::{Value, json};
 use tracing::Instrument;
 
 use crate::edge::Caller;
-use crate::outbound::{Seen, Step};
+use crate::outbound::{Added, Complete, Seen, Step};
 use crate::state::Services;
-use osprey_core::api::choice_text;
 
 /// The response header saying what retrieval put in the prompt.
 pub const RAG_HEADER: &str = "x-osprey-rag";
@@ -115,18 +114,13 @@ pub async fn augment(
     });
     let retrieved = Retrieved::screened(hits, pipeline);
     retrieved.put_in(asked, body)?;
-    Ok(Citations {
-        retrieved,
-        head: None,
-    })
+    Ok(Citations { retrieved })
 }
 
 /// Citations, a step of the way out ([`crate::outbound`]): the answer marked with what went in
-/// (`x-osprey-rag`) and given `osprey.citations` (a stream, in one last chunk before `[DONE]`).
+/// (`x-osprey-rag`), its text (choice 0) heard as it passes, and given `osprey.citations`.
 pub struct Citations {
     retrieved: Retrieved,
-    /// The first chunk of a stream: its id, creation time and model head the citations' chunk.
-    head: Option<Value>,
 }
 
 impl Step for Citations {
@@ -136,36 +130,15 @@ impl Step for Citations {
         }
     }
 
-    fn chunk(&mut self, chunk: &mut Value) -> Seen {
-        if let Some(text) = choice_text(&chunk["choices"][0]) {
-            self.retrieved.hear(text);
-        }
-        if self.head.is_none() {
-            self.head = Some(
-                json!({"id": chunk["id"], "created": chunk["created"], "model": chunk["model"]}),
-            );
+    fn delta(&mut self, delta: &mut ChoiceDelta) -> Seen {
+        if delta.index == 0 {
+            self.retrieved.hear(&delta.text);
         }
         Seen::Send
     }
 
-    fn end(&mut self) -> BoxFuture<'_, Result<Option<Value>, Error>> {
-        let head = self.head.take().unwrap_or_default();
-        let chunk = json!({
-            "id": head["id"],
-            "object": "chat.completion.chunk",
-            "created": head["created"],
-            "model": head["model"],
-            "choices": [],
-            "osprey": {"citations": self.retrieved.citations_heard()},
-        });
-        Box::pin(std::future::ready(Ok(Some(chunk))))
-    }
-
-    fn whole<'a>(&'a mut self, answer: &'a mut Value) -> BoxFuture<'a, Result<(), Error>> {
-        let text = answer["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or_default();
-        answer["osprey"]["citations"] = self.retrieved.citations(text);
-        Box::pin(std::future::ready(Ok(())))
+    fn end<'a>(&'a mut self, _answer: &'a Complete<'a>) -> BoxFuture<'a, Result<Added, Error>> {
+        let citations = self.retrieved.citations_heard();
+        Box::pin(std::future::ready(Ok(Some(("citations", citations)))))
     }
 }

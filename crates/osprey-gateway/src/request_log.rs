@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::StreamExt;
-use futures_util::future::BoxFuture;
 
 use axum::http::HeaderValue;
 use axum::response::Response;
@@ -18,6 +17,7 @@ use osprey_store::log_writer::RequestLog;
 use crate::edge::Caller;
 use crate::outbound::{Seen, Step};
 use crate::record::RequestRecord;
+use osprey_core::backend::ChoiceDelta;
 
 /// What the route learned of a request on its way, for its row (an extension of the
 /// response).
@@ -187,8 +187,8 @@ fn error_of(v: &serde_json::Value) -> Option<String> {
 }
 
 /// The request log's share of the way out ([`crate::outbound`]), for a request whose tenant
-/// samples its text: the answer's text (choice 0) is kept, and an error reported in a stream
-/// is noted.
+/// samples its text: the answer's text (choice 0) is kept, and an error that ends a stream is
+/// noted.
 pub struct LogText {
     record: Arc<RequestRecord>,
 }
@@ -200,28 +200,28 @@ impl LogText {
         sampled.then_some(Self { record })
     }
 
-    fn note(&self, answer: &serde_json::Value) {
-        let error = error_of(answer);
+    /// Notes the text of a whole `answer` given again as it was (a recent answer).
+    pub fn note_whole(&self, answer: &serde_json::Value) {
         let text = osprey_core::api::choice_text(&answer["choices"][0]).unwrap_or_default();
-        self.record.note(|n| match error {
-            Some(e) => n.error = Some(e),
-            None => (n.response_text.get_or_insert_with(String::new)).push_str(text),
-        });
+        self.hear(text);
+    }
+
+    fn hear(&self, text: &str) {
+        self.record
+            .note(|n| (n.response_text.get_or_insert_with(String::new)).push_str(text));
     }
 }
 
 impl Step for LogText {
-    fn chunk(&mut self, chunk: &mut serde_json::Value) -> Seen {
-        self.note(chunk);
+    fn delta(&mut self, delta: &mut ChoiceDelta) -> Seen {
+        if delta.index == 0 {
+            self.hear(&delta.text);
+        }
         Seen::Send
     }
 
-    fn whole<'a>(
-        &'a mut self,
-        answer: &'a mut serde_json::Value,
-    ) -> BoxFuture<'a, Result<(), osprey_core::Error>> {
-        self.note(answer);
-        Box::pin(std::future::ready(Ok(())))
+    fn error(&mut self, error: &osprey_core::Error) {
+        self.record.note(|n| n.error = Some(error.message.clone()));
     }
 }
 

@@ -24,9 +24,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::future::BoxFuture;
-use osprey_core::api::{JsonBody, choice_text_mut, set_choice_text};
-use osprey_core::{Error, ErrorKind};
+use osprey_core::api::JsonBody;
+use osprey_core::backend::ChoiceDelta;
+use osprey_core::{Error, ErrorKind, FinishReason};
 use osprey_policy::pipeline::{Audit, Pipeline, PolicyConfig};
 use osprey_policy::redact::Redactor;
 use osprey_policy::stream::{OutputFilter, OutputRules, Stop};
@@ -216,108 +216,80 @@ fn screen_texts(
 
 /// Guard-out, a step of the way out ([`crate::outbound`]): every choice of an answer through
 /// its own filter of the policy's output rules, with the values redacted from the caller's
-/// input put back where the policy says so. On a stream, a choice the rules stop ends the
-/// stream with `finish_reason: content_filter`.
+/// input put back where the policy says so. A streamed choice is released through the filter's
+/// hold-back window, and one the rules stop ends the stream with `finish_reason:
+/// content_filter`. A whole answer's choice is filtered whole at its finish; one the rules stop
+/// is emptied, with the same finish reason.
 pub struct GuardOut {
     rules: OutputRules,
     restore: Option<Arc<Redactor>>,
     auditor: Auditor,
-    /// Each streamed choice's filter, by index.
-    filters: BTreeMap<u64, OutputFilter>,
+    /// Whether the answer is whole (not streamed).
+    whole: bool,
+    /// Each choice's filter and, for a whole answer, its text so far; by index.
+    choices: BTreeMap<usize, (OutputFilter, String)>,
 }
 
 impl GuardOut {
-    /// The step for `pipeline`'s output rules, restoring `restore`'s values; none when there
-    /// is nothing to do.
+    /// The step for `pipeline`'s output rules, restoring `restore`'s values, over a whole answer
+    /// if `whole`; none when there is nothing to do.
     pub fn new(
         pipeline: &Pipeline,
         restore: Option<Arc<Redactor>>,
         auditor: Auditor,
+        whole: bool,
     ) -> Option<Self> {
         let rules = pipeline.config().output_rules();
         (rules.is_active() || restore.is_some()).then(|| Self {
             rules,
             restore,
             auditor,
-            filters: BTreeMap::new(),
+            whole,
+            choices: BTreeMap::new(),
         })
-    }
-
-    fn filter(&self) -> OutputFilter {
-        OutputFilter::new(&self.rules, self.restore.clone())
     }
 }
 
 impl Step for GuardOut {
-    fn chunk(&mut self, chunk: &mut Value) -> Seen {
-        let mut stop = None;
-        let mut worth_sending =
-            (chunk.get("choices")).is_none_or(|c| c.as_array().is_none_or(Vec::is_empty));
-        for choice in chunk["choices"].as_array_mut().into_iter().flatten() {
-            let index = choice["index"].as_u64().unwrap_or(0);
-            if !self.filters.contains_key(&index) {
-                self.filters.insert(index, self.filter());
+    fn delta(&mut self, delta: &mut ChoiceDelta) -> Seen {
+        let (rules, restore) = (&self.rules, &self.restore);
+        let (filter, held) = (self.choices.entry(delta.index))
+            .or_insert_with(|| (OutputFilter::new(rules, restore.clone()), String::new()));
+        let text = std::mem::take(&mut delta.text);
+        let finishing = delta.finish.is_some();
+        let out = match self.whole {
+            true if !finishing => {
+                held.push_str(&text);
+                Ok(String::new())
             }
-            let filter = self.filters.get_mut(&index).expect("inserted");
-            let finishing = !choice["finish_reason"].is_null();
-            let text = choice_text_mut(choice)
-                .map(std::mem::take)
-                .unwrap_or_default();
-            let mut out = filter.push(&text);
-            if finishing && let Ok(released) = &mut out {
-                match filter.finish() {
-                    Ok(rest) => released.push_str(&rest),
-                    Err(s) => out = Err(s),
+            true => {
+                held.push_str(&text);
+                filter.filter_all(held)
+            }
+            false => filter.push(&text).and_then(|released| match finishing {
+                true => filter.finish().map(|rest| released + &rest),
+                false => Ok(released),
+            }),
+        };
+        match out {
+            Ok(released) => {
+                delta.text = released;
+                match delta.is_empty() {
+                    true => Seen::Drop,
+                    false => Seen::Send,
                 }
             }
-            match out {
-                Ok(released) => {
-                    worth_sending |=
-                        finishing || !released.is_empty() || has_more_than_text(choice);
-                    if !released.is_empty() || choice_text_mut(choice).is_some() {
-                        set_choice_text(choice, released);
-                    }
-                }
-                Err(s) => {
-                    choice["finish_reason"] = "content_filter".into();
-                    stop = Some(s);
-                    worth_sending = true;
+            Err(stop) => {
+                self.auditor.stopped(stop);
+                delta.finish = Some(FinishReason::ContentFilter);
+                match self.whole {
+                    // The backend finishes the answer, for its usage; this choice is over.
+                    true => Seen::Send,
+                    false => Seen::Last,
                 }
             }
-        }
-        match (stop, worth_sending) {
-            (Some(s), _) => {
-                self.auditor.stopped(s);
-                Seen::Last
-            }
-            (None, true) => Seen::Send,
-            (None, false) => Seen::Drop,
         }
     }
-
-    fn whole<'a>(&'a mut self, answer: &'a mut Value) -> BoxFuture<'a, Result<(), Error>> {
-        for choice in answer["choices"].as_array_mut().into_iter().flatten() {
-            let mut filter = self.filter();
-            let Some(text) = choice_text_mut(choice) else {
-                continue;
-            };
-            match filter.filter_all(text) {
-                Ok(filtered) => *text = filtered,
-                Err(stop) => {
-                    text.clear();
-                    choice["finish_reason"] = "content_filter".into();
-                    self.auditor.stopped(stop);
-                }
-            }
-        }
-        Box::pin(std::future::ready(Ok(())))
-    }
-}
-
-/// Whether a chunk's choice carries something besides its text (a role, tool calls).
-fn has_more_than_text(choice: &Value) -> bool {
-    let delta = &choice["delta"];
-    !delta["role"].is_null() || !delta["tool_calls"].is_null()
 }
 
 /// The strings of a message content or a prompt: a string, text parts, or a list of strings.

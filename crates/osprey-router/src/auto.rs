@@ -12,6 +12,7 @@
 use axum::http::{HeaderMap, HeaderValue};
 use osprey_core::Error;
 use osprey_core::api::JsonBody;
+use osprey_core::backend::{GenEvent, Logprobs};
 use serde_json::Value;
 
 use crate::classifier::TaskClassifier;
@@ -149,31 +150,23 @@ impl AutoRoute {
     }
 }
 
-/// The mean logprob of the tokens of every choice of a chat or text completion; `None` if it
-/// has none.
-pub fn mean_logprob(answer: &Value) -> Option<f64> {
-    let choices = answer["choices"].as_array()?;
-    let logprobs = choices.iter().flat_map(|c| {
-        let chat = c["logprobs"]["content"].as_array().into_iter().flatten();
-        let chat = chat.filter_map(|t| t["logprob"].as_f64());
-        let text = (c["logprobs"]["token_logprobs"]
-            .as_array()
-            .into_iter()
-            .flatten())
-        .filter_map(Value::as_f64);
-        chat.chain(text)
+/// The mean logprob of the tokens of an answer's `events` (every choice); `None` if they
+/// carry none.
+pub fn mean_logprob(events: &[Result<GenEvent, Error>]) -> Option<f64> {
+    let logprobs = events.iter().flat_map(|event| {
+        let (chat, text) = match event {
+            Ok(GenEvent::Delta(delta)) => match &delta.logprobs {
+                Some(Logprobs::Chat(tokens)) => (&tokens[..], &[][..]),
+                Some(Logprobs::Completion(c)) => (&[][..], &c.token_logprobs[..]),
+                None => (&[][..], &[][..]),
+            },
+            _ => (&[][..], &[][..]),
+        };
+        let chat = chat.iter().map(|t| f64::from(t.logprob));
+        chat.chain(text.iter().flatten().map(|&lp| f64::from(lp)))
     });
     let (sum, n) = logprobs.fold((0.0, 0usize), |(s, n), lp| (s + lp, n + 1));
     (n > 0).then(|| sum / n as f64)
-}
-
-/// `answer` without the logprobs of its choices.
-pub fn without_logprobs(answer: &mut Value) {
-    for choice in answer["choices"].as_array_mut().into_iter().flatten() {
-        if let Some(c) = choice.as_object_mut() {
-            c.insert("logprobs".to_owned(), Value::Null);
-        }
-    }
 }
 
 /// What the classifier reads: the last user message of a chat (its text parts), or the first
@@ -205,6 +198,7 @@ fn request_text(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use osprey_core::backend::ChoiceDelta;
 
     #[test]
     fn answers_are_asked_with_logprobs_and_measured_by_their_mean() {
@@ -222,15 +216,29 @@ mod tests {
         assert!(!ask_logprobs(&mut text));
         assert_eq!(text.get("logprobs"), 0);
 
-        let mut chat = serde_json::json!({"choices": [{"logprobs": {"content": [
-            {"logprob": -0.5}, {"logprob": -1.5}]}}]});
+        let token = |logprob| osprey_core::api::ChatTokenLogprob {
+            token: "t".into(),
+            logprob,
+            bytes: Vec::new(),
+            top_logprobs: Vec::new(),
+        };
+        let delta = |logprobs| {
+            Ok(GenEvent::Delta(ChoiceDelta {
+                logprobs: Some(logprobs),
+                ..ChoiceDelta::default()
+            }))
+        };
+        let chat = [delta(Logprobs::Chat(vec![token(-0.5), token(-1.5)]))];
         assert_eq!(mean_logprob(&chat), Some(-1.0));
-        let text = serde_json::json!({"choices": [{"logprobs": {"token_logprobs": [-2.0]}},
-                                                  {"logprobs": {"token_logprobs": [0.0]}}]});
-        assert_eq!(mean_logprob(&text), Some(-1.0));
-        assert_eq!(mean_logprob(&serde_json::json!({"choices": [{}]})), None);
-        without_logprobs(&mut chat);
-        assert_eq!(chat["choices"][0]["logprobs"], Value::Null);
+        let text = |lp: f32| {
+            delta(Logprobs::Completion(osprey_core::api::CompletionLogprobs {
+                token_logprobs: vec![Some(lp)],
+                ..Default::default()
+            }))
+        };
+        let usage = Ok(GenEvent::Usage(osprey_core::api::Usage::new(1, 2)));
+        assert_eq!(mean_logprob(&[text(-2.0), text(0.0), usage]), Some(-1.0));
+        assert_eq!(mean_logprob(&[]), None);
     }
 
     #[test]

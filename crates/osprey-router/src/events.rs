@@ -60,12 +60,19 @@ pub fn read_response(response: reqwest::Response, source: Source) -> GenStream {
     let whole = async move {
         let mut reader = Reader::new(source);
         match response.bytes().await {
-            Ok(bytes) => reader.take_whole(&bytes),
+            Ok(bytes) => reader.take_whole(serde_json::from_slice(&bytes)),
             Err(e) => reader.fail("disconnected", broken(&reader.source, e)),
         }
         futures_util::stream::iter(reader.ready)
     };
     Box::pin(futures_util::stream::once(whole).flatten())
+}
+
+/// The events of a whole `answer` kept as JSON (as the response cache keeps them).
+pub fn whole(answer: serde_json::Value, source: Source) -> GenStream {
+    let mut reader = Reader::new(source);
+    reader.take_whole(serde_json::from_value(answer));
+    Box::pin(futures_util::stream::iter(reader.ready))
 }
 
 /// The events of the SSE `body`, ending after the usage (or at the first error).
@@ -119,8 +126,8 @@ impl Reader {
 
     /// Reads a whole answer: its choices as one delta each (tool calls numbered in order),
     /// then its usage.
-    fn take_whole(&mut self, bytes: &[u8]) {
-        let mut answer = match serde_json::from_slice::<Chunk>(bytes) {
+    fn take_whole(&mut self, answer: Result<Chunk, serde_json::Error>) {
+        let mut answer = match answer {
             Ok(answer) => answer,
             Err(e) => {
                 let why = format!(
@@ -499,7 +506,7 @@ mod tests {
             choices: 2,
         };
         let mut reader = Reader::new(source);
-        reader.take_whole(body.as_bytes());
+        reader.take_whole(serde_json::from_str(body));
         reader.ready.into()
     }
 

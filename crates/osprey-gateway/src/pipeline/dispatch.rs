@@ -3,8 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::http::HeaderValue;
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderValue};
 use futures_util::StreamExt;
 use osprey_core::UsageReport;
 use osprey_core::api::JsonBody;
@@ -13,41 +12,33 @@ use osprey_core::backend::{GenEvent, GenRequest, GenStream};
 use super::Routed;
 use crate::edge::{Admitted, Caller};
 use crate::error::ApiError;
-use crate::replay;
 use crate::state::{ServedBy, Services};
+use crate::write::Answered;
 use osprey_router::auto;
 use osprey_router::events::Source;
 use osprey_router::fallback::{Fallback, Forwarded, RoutePlan};
 use osprey_router::upstream::{ROUTE_REASON, SERVED_BY, Upstream};
 use osprey_router::workers::SERVED_BY_WORKER;
 
-/// Sends an `auto` request to its tier; with an answer check, asks for logprobs and, when the
-/// answer's mean token logprob is below the floor, asks the tier above instead (`routed` then
-/// names that tier). The logprobs stay only if the client asked for them.
+/// Sends an `auto` request to its tier; with an answer check, asks a whole answer for
+/// logprobs and, when the answer's mean token logprob is below the floor, asks the tier above
+/// instead (`routed` then names that tier). The logprobs stay only if the client asked for them.
 pub(super) async fn checked<R: Routed>(
     state: &Services,
     mut admitted: Admitted,
     mut body: JsonBody,
     path: &str,
     routed: &mut auto::AutoRoute,
-) -> Result<Response, ApiError> {
-    let Some(check) = routed.check.take() else {
+) -> Result<Answered, ApiError> {
+    let check = routed.check.take().filter(|_| !body.streamed());
+    let Some(check) = check else {
         return dispatch::<R>(state, admitted, body, path).await;
     };
     let mut asking = body.clone();
     let asked = auto::ask_logprobs(&mut asking);
     let first = dispatch::<R>(state, admitted.clone(), asking, path).await?;
-    if !first.status().is_success() {
-        return Ok(first);
-    }
-    let answer = match replay::Answer::read(first).await {
-        Ok(answer) => answer,
-        Err(response) => return Ok(response),
-    };
-    let Some(mut json) = answer.json() else {
-        return Ok(answer.response());
-    };
-    match auto::mean_logprob(&json) {
+    let mut events: Vec<_> = first.events.collect().await;
+    match auto::mean_logprob(&events) {
         Some(mean) if mean < check.floor => {
             metrics::counter!(osprey_core::metrics::AUTO_ANSWERS_ESCALATED, "from" => routed.tier.clone(), "to" => check.tier.clone())
                 .increment(1);
@@ -61,46 +52,64 @@ pub(super) async fn checked<R: Routed>(
             dispatch::<R>(state, admitted, body, path).await
         }
         _ => {
-            if !asked {
-                auto::without_logprobs(&mut json);
-            }
-            Ok(answer.response_with(&json))
+            let writer = match asked {
+                true => first.writer,
+                false => {
+                    for event in &mut events {
+                        if let Ok(GenEvent::Delta(delta)) = event {
+                            delta.logprobs = None;
+                        }
+                    }
+                    let typed = body.typed::<R>()?.asked();
+                    crate::write::Writer::of(&typed)?
+                }
+            };
+            Ok(Answered {
+                writer,
+                events: Box::pin(futures_util::stream::iter(events)),
+                headers: first.headers,
+            })
         }
     }
 }
 
 /// Sends a generation request where the model its body names is served: to an upstream (or
-/// its fallbacks), a worker of the pool or the local engine, whose events are written here.
+/// its fallbacks), a worker of the pool or the local engine: its answer, begun, with the
+/// headers that say where it was served.
 pub(super) async fn dispatch<R: Routed>(
     state: &Services,
     admitted: Admitted,
     mut body: JsonBody,
     path: &str,
-) -> Result<Response, ApiError> {
+) -> Result<Answered, ApiError> {
     let Admitted { caller, usage, .. } = admitted;
     // Typed in full first, so a malformed body is reported as such even when it also names an
     // unknown model.
     let mut asked = body.typed::<R>()?.asked();
     let mut writer = crate::write::Writer::of(&asked)?;
-    let mut reason = None;
+    let mut headers = HeaderMap::new();
+    let mut mark = |name: &'static str, value: &str| {
+        (HeaderValue::from_str(value).ok()).map(|v| headers.insert(name, v));
+    };
     if let Ok(ServedBy::Upstream(upstream)) = state.served_by(asked.model()) {
         let plan = route_plan(state, &caller, upstream);
         let prompt = osprey_core::tokens::estimate_body(body.received_len()) as usize;
         let source = Source::of(asked.model(), &asked, prompt)?;
-        let headers = crate::telemetry::outgoing();
-        match plan.forward(path, &body, source, headers).await? {
+        let outgoing = crate::telemetry::outgoing();
+        match plan.forward(path, &body, source, outgoing).await? {
             Forwarded::Answered { by, events, why } => {
+                mark(SERVED_BY, &by);
+                why.inspect(|why| mark(ROUTE_REASON, why));
                 let events = usage_reported(events, usage);
-                let mut response = writer.answer(events).await?;
-                let headers = response.headers_mut();
-                (HeaderValue::from_str(&by).ok()).map(|v| headers.insert(SERVED_BY, v));
-                let why = why.and_then(|r| HeaderValue::from_str(&r).ok());
-                why.map(|v| headers.insert(ROUTE_REASON, v));
-                return Ok(response);
+                return Ok(Answered {
+                    writer,
+                    events,
+                    headers,
+                });
             }
             Forwarded::Here { name, why } => {
                 body.set_model(&name);
-                reason = Some(why);
+                mark(ROUTE_REASON, &why);
                 asked = body.typed::<R>()?.asked();
                 writer = crate::write::Writer::of(&asked)?;
             }
@@ -114,30 +123,26 @@ pub(super) async fn dispatch<R: Routed>(
         asked,
         body,
     };
-    let mut response = match served {
+    match served {
         Ok(ServedBy::Pool(pool)) => {
-            let headers = crate::telemetry::outgoing();
-            let (worker, events) = pool.generate_with(request, headers).await?;
+            let outgoing = crate::telemetry::outgoing();
+            let (worker, events) = pool.generate_with(request, outgoing).await?;
+            mark(SERVED_BY, pool.name());
+            mark(SERVED_BY_WORKER, &worker);
             let events = usage_reported(events, usage);
-            let mut response = writer.answer(events).await?;
-            let headers = response.headers_mut();
-            (HeaderValue::from_str(pool.name()).ok()).map(|v| headers.insert(SERVED_BY, v));
-            (HeaderValue::from_str(&worker).ok()).map(|v| headers.insert(SERVED_BY_WORKER, v));
-            response
+            Ok(Answered {
+                writer,
+                events,
+                headers,
+            })
         }
         _ => {
-            let served_by = (state.model_name()).and_then(|m| HeaderValue::from_str(m).ok());
-            let mut response = crate::local::serve(state, &caller, usage, request, writer).await?;
-            if let Some(name) = served_by {
-                response.headers_mut().insert(SERVED_BY, name);
-            }
-            response
+            state.model_name().inspect(|name| mark(SERVED_BY, name));
+            let mut answered = crate::local::serve(state, &caller, usage, request, writer).await?;
+            answered.headers.extend(headers);
+            Ok(answered)
         }
-    };
-    if let Some(why) = reason.and_then(|r| HeaderValue::from_str(&r).ok()) {
-        response.headers_mut().insert(ROUTE_REASON, why);
     }
-    Ok(response)
 }
 
 /// `events`, whose usage goes to `usage` as it passes; if the answer ends without one (the

@@ -7,9 +7,11 @@
 //! ([`crate::prompts`]), memory ([`crate::context`]), cache lookup ([`crate::cache`] and
 //! [`crate::semantic_cache`]), the degradation ladder ([`osprey_router::degrade`]), route
 //! ([`osprey_router::auto`]) and backend ([`dispatch`]: an upstream and its fallbacks, a worker
-//! pool, or the local engine through [`crate::local::serve`]). On the way out, one chain
-//! ([`crate::outbound`]) in one task: guard-out, cache keep, turn keep, citations and the
-//! request log's text; then the marks of what went in, and the recent answers.
+//! pool, or the local engine through [`crate::local::serve`]), whose answer comes back as
+//! typed events ([`crate::write::Answered`]); a cache hit is read into the same events. On the
+//! way out, one chain of steps over those events ([`crate::outbound`]), run by the writer as it
+//! writes the answer once: guard-out, cache keep, turn keep, citations and the request log's
+//! text; then the marks of what went in, and the recent answers.
 //!
 //! Internal callers (summaries, the agent loop) go through [`own`], not through a route.
 
@@ -110,19 +112,20 @@ pub async fn run<R: Routed>(
     let mut p = Prepared::new(state, admitted, body, path).await;
     let asked = Asked::of(&p);
     let recent = asked.recent_key(&p);
+    let whole = !p.body.streamed();
     let guard = stages::guard_in(state, &mut p).await?;
     let retrieved = stages::retrieve(state, &mut p, &asked, guard.as_ref()).await?;
     let applied = stages::prompt(state, &mut p, &asked).await?;
     let mut context = stages::memory(state, &mut p, &asked).await?;
     let lookup = Lookup::new(state, &p, context.as_ref()).await;
     let mut out = Outbound::default();
-    let response = match lookup.replay(&p) {
-        Some(response) => response,
+    let answered = match lookup.found::<R>(&p)? {
+        Some(found) => found,
         None => match stages::backend::<R>(state, &mut p, recent.as_ref()).await? {
-            stages::Answer::Fresh(response) => {
-                out.push_some(stages::guard_out(guard));
+            stages::Answer::Fresh(answered) => {
+                out.push_some(stages::guard_out(guard, whole));
                 out.push_some(lookup.keeper(p.level));
-                response
+                answered
             }
             stages::Answer::Recent(response) => return Ok(logged(state, &p, response).await),
         },
@@ -130,7 +133,7 @@ pub async fn run<R: Routed>(
     out.push_some(context.as_mut().and_then(|c| c.turn.take()));
     out.push_some(retrieved);
     out.push_some(log_text(state, &p));
-    let mut response = out.apply(response).await;
+    let mut response = answered.write(out).await?;
     let mut noted = Noted::default();
     if let Some(context) = context.as_mut() {
         crate::context::mark(context, &mut response);
@@ -155,7 +158,14 @@ fn log_text(state: &Services, p: &Prepared) -> Option<LogText> {
 
 /// `response`, given again as it is, with its text noted for the request log.
 async fn logged(state: &Services, p: &Prepared, response: Response) -> Response {
-    let mut out = Outbound::default();
-    out.push_some(log_text(state, p));
-    out.apply(response).await
+    let Some(log) = log_text(state, p) else {
+        return response;
+    };
+    match crate::replay::Answer::read(response).await {
+        Ok(answer) => {
+            answer.json().inspect(|json| log.note_whole(json));
+            answer.response()
+        }
+        Err(response) => response,
+    }
 }

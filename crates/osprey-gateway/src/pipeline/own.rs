@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::{CHAT_PATH, dispatch};
 use crate::edge::{Admitted, Caller};
+use crate::outbound::Outbound;
 use crate::replay;
 use crate::state::Services;
 
@@ -38,9 +39,10 @@ pub async fn chat_answer(state: &Services, caller: &Caller, body: Value) -> Resu
         model: Some(body.model().to_owned()).filter(|m| !m.is_empty()),
         usage: Arc::default(),
     };
-    let response = dispatch::dispatch::<ChatCompletionRequest>(state, admitted, body, CHAT_PATH)
+    let answered = dispatch::dispatch::<ChatCompletionRequest>(state, admitted, body, CHAT_PATH)
         .await
         .map_err(|e| e.0)?;
+    let response = answered.write(Outbound::default()).await.map_err(|e| e.0)?;
     let status = response.status();
     let answer = match replay::Answer::read(response).await {
         Ok(answer) => answer.json(),

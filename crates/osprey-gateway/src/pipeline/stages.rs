@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use osprey_context::memory::Context;
 use osprey_context::registry::Applied;
@@ -18,11 +18,14 @@ use crate::error::ApiError;
 use crate::rag::Citations;
 use crate::replay::{self, Key};
 use crate::safety::{Auditor, GuardOut};
+use crate::semantic_cache::SIMILARITY_HEADER;
 use crate::semantic_cache::Similar;
 use crate::state::Services;
+use crate::write::{Answered, Writer};
 use osprey_core::Error;
 use osprey_router::auto;
 use osprey_router::degrade::DEGRADED;
+use osprey_router::events::Source;
 use osprey_router::upstream::{ROUTE_REASON, warrants_fallback};
 
 /// What the body asks of the stages, read before any of them changes it.
@@ -174,15 +177,34 @@ impl Lookup {
         lookup
     }
 
-    /// The answer found, as the request asks for it (streamed or whole).
-    pub(super) fn replay(&self, p: &Prepared) -> Option<Response> {
-        let (streamed, usage) = (p.body.streamed(), p.body.include_usage());
-        if let Some(answer) = &self.hit {
-            return Some(crate::cache::replay(answer, streamed, usage));
-        }
-        self.cache
-            .as_ref()?
-            .similar(self.similar.as_ref()?, streamed, usage)
+    /// The answer found, as typed events for the request's writer (which writes it under
+    /// the kept id, streamed if the request asks for a stream), marked as a hit, with its
+    /// similarity when it was found by meaning.
+    pub(super) fn found<R: Routed>(&self, p: &Prepared) -> Result<Option<Answered>, Error> {
+        let mut headers = HeaderMap::new();
+        let answer = match (&self.hit, &self.similar, &self.cache) {
+            (Some(answer), _, _) => answer.clone(),
+            (None, Some(similar), Some(cache)) => match cache.similar(similar) {
+                Some((answer, similarity)) => {
+                    let similarity = format!("{similarity:.3}");
+                    (HeaderValue::from_str(&similarity).ok())
+                        .map(|v| headers.insert(SIMILARITY_HEADER, v));
+                    Arc::unwrap_or_clone(answer)
+                }
+                None => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        headers.insert(replay::CACHE, HeaderValue::from_static("hit"));
+        let asked = p.body.typed::<R>()?.asked();
+        let writer = Writer::of(&asked)?.kept_as(&answer);
+        let source = Source::of(asked.model(), &asked, 0)?;
+        let events = osprey_router::events::whole(answer, source);
+        Ok(Some(Answered {
+            writer,
+            events,
+            headers,
+        }))
     }
 
     /// Cache keep: the step keeping the answer under the request's key. A degraded answer
@@ -205,7 +227,7 @@ impl Lookup {
 /// What the backend stage answered.
 pub(super) enum Answer {
     /// A new answer, to go out through every stage.
-    Fresh(Response),
+    Fresh(Answered),
     /// An answer given to the same request before, as it is (the service is degraded, or every
     /// backend failed).
     Recent(Response),
@@ -225,7 +247,7 @@ pub(super) async fn backend<R: Routed>(
     if ladder.replay_recent
         && let Some(mut response) = recent_answer(state, recent, "degraded")
     {
-        degraded(&mut response, level);
+        degraded(response.headers_mut(), level);
         return Ok(Answer::Recent(response));
     }
     if ladder.defer_batch && p.body.is_batch(p.admitted.caller.tenant.priority) {
@@ -270,8 +292,8 @@ pub(super) async fn backend<R: Routed>(
                 .await
         }
     };
-    let mut response = match dispatched {
-        Ok(response) => response,
+    let mut answered = match dispatched {
+        Ok(answered) => answered,
         // The last step of every fallback chain: the answer given to this request before.
         Err(e) if warrants_fallback(&e.0) => match recent_answer(state, recent, "fallback") {
             Some(mut response) => {
@@ -279,18 +301,18 @@ pub(super) async fn backend<R: Routed>(
                 if let Ok(why) = HeaderValue::from_str(&why) {
                     response.headers_mut().insert(ROUTE_REASON, why);
                 }
-                degraded(&mut response, level);
+                degraded(response.headers_mut(), level);
                 return Ok(Answer::Recent(response));
             }
             None => return Err(e),
         },
         Err(e) => return Err(e),
     };
-    degraded(&mut response, level);
+    degraded(&mut answered.headers, level);
     if let Some(routed) = routed {
-        routed.mark(response.headers_mut(), level);
+        routed.mark(&mut answered.headers, level);
     }
-    Ok(Answer::Fresh(response))
+    Ok(Answer::Fresh(answered))
 }
 
 /// The answer given to the request before (`key`), if any, counted as given for `why`.
@@ -302,18 +324,18 @@ fn recent_answer(state: &Services, key: Option<&Key>, why: &'static str) -> Opti
     Some(response)
 }
 
-/// Marks `response` degraded to `level`, if it was, and counts it.
-fn degraded(response: &mut Response, level: u8) {
+/// Marks an answer's `headers` degraded to `level`, if it was, and counts it.
+fn degraded(headers: &mut HeaderMap, level: u8) {
     if level > 0 {
         metrics::counter!(osprey_core::metrics::DEGRADED, "level" => level.to_string())
             .increment(1);
-        (response.headers_mut()).insert(DEGRADED, HeaderValue::from(u16::from(level)));
+        headers.insert(DEGRADED, HeaderValue::from(u16::from(level)));
     }
 }
 
 /// Guard-out: the step filtering the answer by the policy's output rules, with what guard-in
 /// redacted put back (when the policy says so).
-pub(super) fn guard_out(guard: Option<Guard>) -> Option<GuardOut> {
+pub(super) fn guard_out(guard: Option<Guard>, whole: bool) -> Option<GuardOut> {
     let g = guard?;
-    GuardOut::new(&g.pipeline, g.restore, g.auditor)
+    GuardOut::new(&g.pipeline, g.restore, g.auditor, whole)
 }

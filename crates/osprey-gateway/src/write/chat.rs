@@ -3,8 +3,8 @@
 //! another server's deltas carried that Osprey does not know ([`ChoiceDelta::extra`]) go into
 //! the chunk's delta; whole, into the message, pieces of text joined.
 
+use axum::response::Response;
 use axum::response::sse::Event;
-use axum::response::{IntoResponse, Response};
 use osprey_core::Error;
 use osprey_core::api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
@@ -13,7 +13,8 @@ use osprey_core::api::{
 use osprey_core::backend::{ChoiceDelta, GenStream, Logprobs};
 use serde_json::{Map, Value};
 
-use super::{Chunks, Head, collect, fingerprint};
+use super::{Chunks, Head, collect, fingerprint, whole_response};
+use crate::outbound::Outbound;
 use crate::sse::json_event;
 
 pub struct ChatWriter {
@@ -30,8 +31,8 @@ impl ChatWriter {
         })
     }
 
-    /// The whole answer.
-    pub(super) async fn whole(self, events: GenStream) -> Result<Response, Error> {
+    /// The whole answer, through the steps of `out`.
+    pub(super) async fn whole(self, events: GenStream, out: Outbound) -> Result<Response, Error> {
         let mut choices: Vec<ChatChoice> = (0..self.n)
             .map(|index| ChatChoice {
                 index,
@@ -45,7 +46,7 @@ impl ChatWriter {
             })
             .collect();
         let mut extras: Vec<Option<Map<String, Value>>> = vec![None; self.n];
-        let usage = collect(events, |mut delta| {
+        let (usage, osprey) = collect(&self.head, events, out, |mut delta| {
             if let Some(extra) = delta.extra.take() {
                 join(extras[delta.index].get_or_insert_default(), *extra);
             }
@@ -69,7 +70,7 @@ impl ChatWriter {
             system_fingerprint: fingerprint(),
         };
         if extras.iter().all(Option::is_none) {
-            return Ok(axum::Json(answer).into_response());
+            return Ok(whole_response(answer, osprey));
         }
         let mut answer = serde_json::to_value(answer).expect("an answer serialises");
         for (i, extra) in extras.into_iter().enumerate() {
@@ -77,7 +78,7 @@ impl ChatWriter {
                 message.extend(extra.into_iter().flatten());
             }
         }
-        Ok(axum::Json(answer).into_response())
+        Ok(whole_response(answer, osprey))
     }
 
     fn object(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatCompletionChunk {
@@ -218,7 +219,7 @@ impl Chunks for ChatWriter {
         chunks
     }
 
-    fn usage(&self, usage: Usage) -> Event {
-        self.chunk(Vec::new(), Some(usage))
+    fn empty(&self, usage: Option<Usage>) -> Value {
+        serde_json::to_value(self.object(Vec::new(), usage)).expect("a chunk serialises")
     }
 }

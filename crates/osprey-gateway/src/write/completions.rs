@@ -8,8 +8,11 @@ use osprey_core::api::{
 };
 use osprey_core::backend::{ChoiceDelta, GenStream, Logprobs};
 
-use super::{Chunks, Head, collect, fingerprint};
+use super::{Chunks, Head, collect, fingerprint, whole_response};
+use crate::outbound::Outbound;
 use crate::sse::json_event;
+use axum::response::Response;
+use serde_json::Value;
 
 pub struct CompletionWriter {
     pub(super) head: Head,
@@ -26,8 +29,8 @@ impl CompletionWriter {
         })
     }
 
-    /// The whole answer.
-    pub(super) async fn whole(self, events: GenStream) -> Result<Completion, Error> {
+    /// The whole answer, through the steps of `out`.
+    pub(super) async fn whole(self, events: GenStream, out: Outbound) -> Result<Response, Error> {
         let mut choices: Vec<CompletionChoice> = (0..self.choices)
             .map(|index| CompletionChoice {
                 index,
@@ -36,7 +39,7 @@ impl CompletionWriter {
                 finish_reason: None,
             })
             .collect();
-        let usage = collect(events, |delta| {
+        let (usage, osprey) = collect(&self.head, events, out, |delta| {
             let choice = &mut choices[delta.index];
             choice.text.push_str(&delta.text);
             if let (Some(all), Some(Logprobs::Completion(more))) =
@@ -47,7 +50,10 @@ impl CompletionWriter {
             choice.finish_reason = delta.finish.or(choice.finish_reason);
         })
         .await?;
-        Ok(self.object(choices, Some(Some(usage))))
+        Ok(whole_response(
+            self.object(choices, Some(Some(usage))),
+            osprey,
+        ))
     }
 
     fn object(&self, choices: Vec<CompletionChoice>, usage: Option<Option<Usage>>) -> Completion {
@@ -93,7 +99,8 @@ impl Chunks for CompletionWriter {
         vec![self.chunk(vec![choice], None)]
     }
 
-    fn usage(&self, usage: Usage) -> Event {
-        self.chunk(Vec::new(), Some(usage))
+    fn empty(&self, usage: Option<Usage>) -> Value {
+        let chunk = self.object(Vec::new(), self.head.include_usage.then_some(usage));
+        serde_json::to_value(chunk).expect("a chunk serialises")
     }
 }

@@ -1,21 +1,46 @@
 //! An answer's typed events written as the OpenAI API writes them, once: one JSON object, or
 //! server-sent events ending in `[DONE]` (with the usage chunk before it when the request's
-//! `stream_options.include_usage` asks for it). An error before the end is the answer's error;
-//! in a stream, its last event.
+//! `stream_options.include_usage` asks for it). The way out ([`Outbound`]) runs as they are
+//! written: each delta passes its steps first, and their ends run when the answer is complete
+//! (what they add goes under the answer's `osprey`; in a stream, in a chunk of its own before
+//! `[DONE]`). An error before the end is the answer's error; in a stream, its last event.
 
 mod chat;
 mod completions;
 
+use axum::http::HeaderMap;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 use osprey_core::Error;
 use osprey_core::api::{SamplingFields, Usage};
 use osprey_core::backend::{Asked, ChoiceDelta, GenEvent, GenStream};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::outbound::{Complete, Outbound, Seen};
 use crate::sse::{FINGERPRINT, done_event, json_event, new_id, stream_response};
 use crate::state::unix_now;
+
+/// An answer begun: its events, how they are written, and the headers it goes out with.
+pub struct Answered {
+    /// How it is written.
+    pub writer: Writer,
+    /// Its events, as they come.
+    pub events: GenStream,
+    /// Its headers (which model, which worker, why).
+    pub headers: HeaderMap,
+}
+
+impl Answered {
+    /// The answer written through the steps of `out`.
+    pub async fn write(self, out: Outbound) -> Result<Response, ApiError> {
+        let mut response = self.writer.answer(self.events, out).await?;
+        response.headers_mut().extend(self.headers);
+        Ok(response)
+    }
+}
 
 /// How one request's answer is written.
 pub enum Writer {
@@ -37,14 +62,35 @@ impl Writer {
         })
     }
 
-    /// The answer of `events`, streamed or whole as the request asked.
-    pub async fn answer(self, events: GenStream) -> Result<Response, ApiError> {
-        Ok(match self {
-            Writer::Chat(w) if w.head.streaming => stream_response(written(w, events)),
-            Writer::Chat(w) => w.whole(events).await?,
-            Writer::Completion(w) if w.head.streaming => stream_response(written(w, events)),
-            Writer::Completion(w) => axum::Json(w.whole(events).await?).into_response(),
-        })
+    /// The same writer, writing the answer kept as `answer` under its own id, time and model.
+    pub fn kept_as(mut self, answer: &Value) -> Self {
+        let head = match &mut self {
+            Writer::Chat(w) => &mut w.head,
+            Writer::Completion(w) => &mut w.head,
+        };
+        if let Some(id) = answer["id"].as_str() {
+            head.id = id.to_owned();
+        }
+        if let Some(model) = answer["model"].as_str() {
+            head.model = model.to_owned();
+        }
+        head.created = answer["created"].as_u64().unwrap_or(head.created);
+        self
+    }
+
+    /// The answer of `events` through the steps of `out`, streamed or whole as the request
+    /// asked.
+    pub async fn answer(self, events: GenStream, mut out: Outbound) -> Result<Response, ApiError> {
+        let mut headers = HeaderMap::new();
+        out.headers(&mut headers);
+        let mut response = match self {
+            Writer::Chat(w) if w.head.streaming => stream_response(written(w, events, out)),
+            Writer::Chat(w) => w.whole(events, out).await?,
+            Writer::Completion(w) if w.head.streaming => stream_response(written(w, events, out)),
+            Writer::Completion(w) => w.whole(events, out).await?,
+        };
+        response.headers_mut().extend(headers);
+        Ok(response)
     }
 }
 
@@ -54,6 +100,8 @@ struct Head {
     id: String,
     created: u64,
     model: String,
+    /// Whether it is a chat answer.
+    chat: bool,
     /// Whether its choices carry log-probabilities.
     logprobs: bool,
     /// Whether a stream ends with a usage chunk.
@@ -68,56 +116,136 @@ impl Head {
             id: new_id(prefix),
             created: unix_now(),
             model: model.to_owned(),
+            chat: prefix == "chatcmpl",
             logprobs,
             include_usage: sampling.include_usage(),
             streaming: sampling.streaming(),
         }
     }
+
+    /// The answer, complete, as the steps' ends see it.
+    fn complete<'a>(&'a self, usage: Option<&'a Usage>) -> Complete<'a> {
+        Complete {
+            id: &self.id,
+            created: self.created,
+            model: &self.model,
+            chat: self.chat,
+            usage,
+        }
+    }
 }
 
 /// How one API writes a stream's chunks.
-trait Chunks: Send + 'static {
+trait Chunks: Send + Sync + 'static {
     /// The answer's head.
     fn head(&self) -> &Head;
     /// The chunks that open the stream.
     fn opening(&self) -> Vec<Event>;
     /// The chunks of one delta (none for a delta with nothing for the client).
     fn delta(&mut self, delta: ChoiceDelta) -> Vec<Event>;
-    /// The chunk that carries the usage.
-    fn usage(&self, usage: Usage) -> Event;
+    /// A chunk without choices, carrying `usage` if the request asked for it: as JSON.
+    fn empty(&self, usage: Option<Usage>) -> Value;
 }
 
-/// `events` written as server-sent events by `writer`.
-fn written(writer: impl Chunks, events: GenStream) -> impl Stream<Item = Event> + Send + 'static {
+/// `events` written as server-sent events by `writer`, through the steps of `out`.
+fn written(
+    writer: impl Chunks,
+    events: GenStream,
+    out: Outbound,
+) -> impl Stream<Item = Event> + Send + 'static {
     let opening = writer.opening();
-    let rest = stream::unfold(Some((writer, events)), |state| async move {
-        let (mut writer, mut events) = state?;
+    let rest = stream::unfold(Some((writer, events, out)), |state| async move {
+        let (mut writer, mut events, mut out) = state?;
         let last = match events.next().await? {
-            Ok(GenEvent::Delta(delta)) => {
-                let chunks = writer.delta(delta);
-                return Some((chunks, Some((writer, events))));
+            Ok(GenEvent::Delta(mut delta)) => match out.delta(&mut delta) {
+                Seen::Send => {
+                    let chunks = writer.delta(delta);
+                    return Some((chunks, Some((writer, events, out))));
+                }
+                Seen::Drop => return Some((Vec::new(), Some((writer, events, out)))),
+                Seen::Last => {
+                    // Dropping the backend's events cancels its generation.
+                    drop(events);
+                    let mut chunks = writer.delta(delta);
+                    chunks.extend(ending(&writer, &mut out, None).await);
+                    chunks
+                }
+            },
+            Ok(GenEvent::Usage(usage)) => ending(&writer, &mut out, Some(usage)).await,
+            Err(e) => {
+                out.error(&e);
+                vec![json_event(&e.envelope())]
             }
-            Ok(GenEvent::Usage(usage)) => (writer.head().include_usage)
-                .then(|| writer.usage(usage))
-                .into_iter()
-                .chain([done_event()])
-                .collect(),
-            Err(e) => vec![json_event(&e.envelope())],
         };
         Some((last, None))
     });
     stream::iter(opening).chain(rest.flat_map(stream::iter))
 }
 
-/// The deltas of `events` handed to `each` in order; the usage at the end.
-async fn collect(mut events: GenStream, mut each: impl FnMut(ChoiceDelta)) -> Result<Usage, Error> {
+/// The last events of a complete stream: every step's end, then the usage chunk (if asked),
+/// the steps' additions and `[DONE]`; the error event instead if a step fails.
+async fn ending(writer: &impl Chunks, out: &mut Outbound, usage: Option<Usage>) -> Vec<Event> {
+    let head = writer.head();
+    let osprey = match out.end(&head.complete(usage.as_ref())).await {
+        Ok(osprey) => osprey,
+        Err(e) => return vec![json_event(&e.envelope())],
+    };
+    let usage = usage.filter(|_| head.include_usage);
+    let usage = usage.map(|u| json_event(&writer.empty(Some(u))));
+    let added = (!osprey.is_empty()).then(|| {
+        let mut chunk = writer.empty(None);
+        chunk["osprey"] = Value::Object(osprey);
+        json_event(&chunk)
+    });
+    usage
+        .into_iter()
+        .chain(added)
+        .chain([done_event()])
+        .collect()
+}
+
+/// The deltas of `events` through the steps of `out`, handed to `each` in order; then every
+/// step's end: the usage, and what the steps add. A step that ends the answer early drops the
+/// deltas after it (the backend still finishes, for its usage).
+async fn collect(
+    head: &Head,
+    mut events: GenStream,
+    mut out: Outbound,
+    mut each: impl FnMut(ChoiceDelta),
+) -> Result<(Usage, Map<String, Value>), Error> {
+    let mut ended = false;
     while let Some(event) = events.next().await {
-        match event? {
-            GenEvent::Delta(delta) => each(delta),
-            GenEvent::Usage(usage) => return Ok(usage),
+        match event {
+            Ok(GenEvent::Delta(mut delta)) if !ended => match out.delta(&mut delta) {
+                Seen::Send => each(delta),
+                Seen::Drop => {}
+                Seen::Last => {
+                    each(delta);
+                    ended = true;
+                }
+            },
+            Ok(GenEvent::Delta(_)) => {}
+            Ok(GenEvent::Usage(usage)) => {
+                let osprey = out.end(&head.complete(Some(&usage))).await?;
+                return Ok((usage, osprey));
+            }
+            Err(e) => {
+                out.error(&e);
+                return Err(e);
+            }
         }
     }
     Err(Error::internal("the answer ended before its usage"))
+}
+
+/// The whole `answer` as a response, with what the steps added under its `osprey`.
+fn whole_response(answer: impl Serialize, osprey: Map<String, Value>) -> Response {
+    if osprey.is_empty() {
+        return axum::Json(answer).into_response();
+    }
+    let mut answer = serde_json::to_value(answer).expect("an answer serialises");
+    answer["osprey"] = Value::Object(osprey);
+    axum::Json(answer).into_response()
 }
 
 /// The system fingerprint every answer carries.
@@ -128,6 +256,7 @@ fn fingerprint() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbound::Step;
     use osprey_core::FinishReason::{Length, Stop, ToolCalls};
     use osprey_core::backend::{Backend, GenRequest};
     use osprey_core::{ErrorKind, Priority};
@@ -144,6 +273,15 @@ mod tests {
 
     /// `body`'s answer from a backend scripted with `script`: its JSON, or its events' data.
     async fn written(body: Value, script: Vec<Result<GenEvent, Error>>) -> Vec<String> {
+        written_through(body, script, Outbound::default()).await
+    }
+
+    /// [`written`], through the steps of `out`.
+    async fn written_through(
+        body: Value,
+        script: Vec<Result<GenEvent, Error>>,
+        out: Outbound,
+    ) -> Vec<String> {
         let asked = asked(body);
         let writer = Writer::of(&asked).unwrap();
         let backend = ScriptedBackend::new(script);
@@ -154,7 +292,7 @@ mod tests {
             cache_salt: String::new(),
         };
         let events = backend.generate(request).await.unwrap();
-        let response = match writer.answer(events).await {
+        let response = match writer.answer(events, out).await {
             Ok(response) => response,
             Err(e) => return vec![format!("error: {}", e.0.message)],
         };
@@ -304,5 +442,121 @@ mod tests {
         assert_eq!(deltas[0], json!({"reasoning_content": "think "}));
         assert_eq!(deltas[1], json!({"reasoning_content": "hard"}));
         assert_eq!(json(&events[3])["choices"][0]["delta"]["content"], "42");
+    }
+
+    /// Upper-cases every text; holds back "hold"; ends the answer at "stop"; adds its name
+    /// under `osprey` at the end, or fails there when told to.
+    #[derive(Default)]
+    struct Shout {
+        heard: Vec<String>,
+        fail: bool,
+    }
+
+    impl Step for Shout {
+        fn headers(&mut self, headers: &mut axum::http::HeaderMap) {
+            headers.insert("x-shout", "yes".parse().unwrap());
+        }
+        fn delta(&mut self, delta: &mut ChoiceDelta) -> Seen {
+            self.heard.push(delta.text.clone());
+            let seen = match delta.text.as_str() {
+                "hold" => Seen::Drop,
+                "stop" => Seen::Last,
+                _ => Seen::Send,
+            };
+            delta.text = delta.text.to_uppercase();
+            seen
+        }
+        fn end<'a>(
+            &'a mut self,
+            answer: &'a crate::outbound::Complete<'a>,
+        ) -> futures_util::future::BoxFuture<'a, Result<crate::outbound::Added, Error>> {
+            let heard = format!(
+                "{} {:?}",
+                self.heard.join(","),
+                answer.usage.map(|u| u.total_tokens)
+            );
+            let fail = self.fail;
+            Box::pin(async move {
+                match fail {
+                    true => Err(Error::new(osprey_core::ErrorKind::Internal, "no room")),
+                    false => Ok(Some(("shout", heard.into()))),
+                }
+            })
+        }
+    }
+
+    fn chain(steps: impl IntoIterator<Item = Shout>) -> Outbound {
+        let mut out = Outbound::default();
+        steps.into_iter().for_each(|s| out.push(s));
+        out
+    }
+
+    #[tokio::test]
+    async fn every_delta_passes_the_steps_in_order_and_their_ends_go_under_osprey() {
+        let body = json!({"model": "m", "prompt": "a", "stream": true});
+        let script = vec![
+            text(0, "a", 1),
+            text(0, "hold", 1),
+            text(0, "b", 1),
+            usage(1, 3),
+        ];
+        let events = written_through(
+            body.clone(),
+            script.clone(),
+            chain([Shout::default(), Shout::default()]),
+        )
+        .await;
+        let texts: Vec<Value> = events
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .map(|c| c["choices"][0]["text"].clone())
+            .collect();
+        // The second step sees the first one's change; a held-back delta reaches neither the
+        // second step nor the client.
+        assert_eq!(texts[..2], [json!("A"), json!("B")]);
+        let last = json(&events[events.len() - 2]);
+        assert_eq!(last["osprey"]["shout"], "A,B Some(4)");
+        assert_eq!(events.last().unwrap(), "[DONE]");
+
+        let mut body = body;
+        body["stream"] = false.into();
+        let answer = json(&written_through(body, script, chain([Shout::default()])).await[0]);
+        assert_eq!(answer["choices"][0]["text"], "AB");
+        assert_eq!(answer["osprey"]["shout"], "a,hold,b Some(4)");
+    }
+
+    #[tokio::test]
+    async fn a_step_may_end_the_answer_and_a_failed_end_fails_it() {
+        let body = json!({"model": "m", "prompt": "a", "stream": true});
+        let script = vec![text(0, "stop", 1), text(0, "never", 1), usage(1, 2)];
+        let events = written_through(body.clone(), script.clone(), chain([Shout::default()])).await;
+        assert_eq!(json(&events[0])["choices"][0]["text"], "STOP");
+        assert_eq!(
+            json(&events[1])["osprey"]["shout"],
+            "stop None",
+            "ended before the usage"
+        );
+        assert_eq!(events[2..], ["[DONE]"]);
+        let failing = Shout {
+            fail: true,
+            ..Shout::default()
+        };
+        let events = written_through(body.clone(), script.clone(), chain([failing])).await;
+        assert!(events.last().unwrap().contains("no room"), "{events:?}");
+
+        let mut body = body;
+        body["stream"] = false.into();
+        // Whole, the backend finishes (for its usage) but nothing after the end goes out.
+        let answer = json(
+            &written_through(body.clone(), script.clone(), chain([Shout::default()])).await[0],
+        );
+        assert_eq!(answer["choices"][0]["text"], "STOP");
+        assert_eq!(answer["osprey"]["shout"], "stop Some(3)");
+        let failing = Shout {
+            fail: true,
+            ..Shout::default()
+        };
+        let answer = written_through(body, script, chain([failing])).await;
+        assert_eq!(answer, ["error: no room"]);
     }
 }
