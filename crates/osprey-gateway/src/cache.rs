@@ -278,7 +278,8 @@ pub struct CacheKeep {
     slot: Slot,
     /// Per choice: its text and why it ended.
     choices: BTreeMap<usize, (String, Option<FinishReason>)>,
-    /// A choice had what is not kept (log-probabilities, tool calls, a filtered end).
+    /// A choice had what is not kept (log-probabilities, tool calls, fields Osprey does not
+    /// know, a filtered end).
     unkept: bool,
 }
 
@@ -328,6 +329,7 @@ impl Step for CacheKeep {
         *finish = delta.finish.or(*finish);
         self.unkept |= delta.logprobs.is_some()
             || delta.tool_call.is_some()
+            || delta.extra.is_some()
             || delta.finish == Some(FinishReason::ContentFilter);
         Seen::Send
     }

@@ -219,7 +219,8 @@ fn screen_texts(
 /// input put back where the policy says so. A streamed choice is released through the filter's
 /// hold-back window, and one the rules stop ends the stream with `finish_reason:
 /// content_filter`. A whole answer's choice is filtered whole at its finish; one the rules stop
-/// is emptied, with the same finish reason.
+/// is emptied, with the same finish reason. Fields of another server's deltas that Osprey does
+/// not know ([`ChoiceDelta::extra`]) are not sent.
 pub struct GuardOut {
     rules: OutputRules,
     restore: Option<Arc<Redactor>>,
@@ -256,6 +257,9 @@ impl Step for GuardOut {
         let (filter, held) = (self.choices.entry(delta.index))
             .or_insert_with(|| (OutputFilter::new(rules, restore.clone()), String::new()));
         let text = std::mem::take(&mut delta.text);
+        // Fields Osprey does not know (a reasoning model's `reasoning_content`) are not read
+        // by the rules, so they do not go out under them.
+        delta.extra = None;
         let finishing = delta.finish.is_some();
         let out = match self.whole {
             true if !finishing => {

@@ -3,6 +3,9 @@
 
 use std::convert::Infallible;
 
+use axum::body::{Body, Bytes};
+use axum::http::HeaderValue;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
@@ -15,18 +18,38 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}-{:032x}", rand::random::<u128>())
 }
 
-/// One SSE event carrying `value` as JSON.
-pub fn json_event(value: &impl serde::Serialize) -> Event {
-    Event::default()
-        .data(serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")))
+/// One SSE event carrying `value` as JSON, as it goes on the wire.
+pub fn json_frame(value: &impl serde::Serialize) -> Bytes {
+    let mut frame = b"data: ".to_vec();
+    if let Err(e) = serde_json::to_writer(&mut frame, value) {
+        frame.truncate(6);
+        frame.extend_from_slice(format!("{{\"error\":\"{e}\"}}").as_bytes());
+    }
+    frame.extend_from_slice(b"\n\n");
+    frame.into()
 }
 
-/// The `data: [DONE]` event that ends an OpenAI stream.
-pub fn done_event() -> Event {
-    Event::default().data("[DONE]")
+/// The `data: [DONE]` event that ends an OpenAI stream, as it goes on the wire.
+pub const DONE_FRAME: &[u8] = b"data: [DONE]\n\n";
+
+/// An answer's SSE response over `frames` ([`json_frame`]): frames ready together go out in
+/// one write. No keep-alive comments: an answer's first frame goes at once.
+pub fn answer_stream(frames: impl Stream<Item = Bytes> + Send + 'static) -> Response {
+    let body = frames.ready_chunks(64).map(|frames| {
+        let frame = match frames.len() {
+            1 => frames.into_iter().next().expect("one frame"),
+            _ => frames.concat().into(),
+        };
+        Ok::<_, Infallible>(frame)
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
 }
 
-/// An SSE response over `events`.
+/// An SSE response over `events`, with keep-alive comments while it is quiet.
 pub fn stream_response(events: impl Stream<Item = Event> + Send + 'static) -> Response {
     Sse::new(events.map(Ok::<_, Infallible>))
         .keep_alive(KeepAlive::default())

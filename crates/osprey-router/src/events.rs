@@ -68,6 +68,16 @@ pub fn read_response(response: reqwest::Response, source: Source) -> GenStream {
     Box::pin(futures_util::stream::once(whole).flatten())
 }
 
+/// `events` read to their end, for an answer that is not streamed: nothing of it has gone out
+/// yet, so one that failed is an error (and another backend may answer instead).
+pub async fn to_end(events: GenStream) -> Result<GenStream, Error> {
+    let events: Vec<_> = events.collect().await;
+    if let Some(Err(e)) = events.last() {
+        return Err(e.clone());
+    }
+    Ok(Box::pin(futures_util::stream::iter(events)))
+}
+
 /// The events of a whole `answer` kept as JSON (as the response cache keeps them).
 pub fn whole(answer: serde_json::Value, source: Source) -> GenStream {
     let mut reader = Reader::new(source);
@@ -142,6 +152,8 @@ impl Reader {
         for choice in answer.choices.iter_mut().flatten() {
             let calls = choice.delta.tool_calls.iter_mut().flatten();
             calls.enumerate().for_each(|(i, call)| call.index = i);
+            // Every choice of a whole answer has ended, whether it says why or not.
+            choice.finish_reason.get_or_insert_with(|| "stop".into());
         }
         if !self.chunk(answer) {
             self.take("[DONE]");
@@ -295,11 +307,12 @@ fn broken(source: &Source, why: impl std::fmt::Display) -> Error {
 }
 
 /// Why a choice ended, as another server says it: its own words for a stop (TGI's
-/// `eos_token`, `stop_sequence`; `content_filter`, `abort`) read as a stop.
+/// `eos_token`, `stop_sequence`; `abort`) read as a stop.
 fn finish_reason(told: &str) -> FinishReason {
     match told {
         "length" => FinishReason::Length,
         "tool_calls" | "function_call" => FinishReason::ToolCalls,
+        "content_filter" => FinishReason::ContentFilter,
         _ => FinishReason::Stop,
     }
 }
@@ -483,10 +496,17 @@ mod tests {
             "finish_reason": "eos_token"}], "usage": null});
         let usage = json!({"choices": null,
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}});
-        let got = events(false, &[&tgi.to_string(), &usage.to_string()]).await;
-        assert_eq!(got.len(), 2, "{got:?}");
+        let filtered =
+            json!({"choices": [{"index": 1, "text": "", "finish_reason": "content_filter"}]});
+        let got = events(
+            false,
+            &[&tgi.to_string(), &filtered.to_string(), &usage.to_string()],
+        )
+        .await;
+        assert_eq!(got.len(), 3, "{got:?}");
         assert_eq!(delta(&got[0]).finish, Some(FinishReason::Stop));
-        assert_eq!(got[1].as_ref().unwrap(), &GenEvent::Usage(Usage::new(1, 1)));
+        assert_eq!(delta(&got[1]).finish, Some(FinishReason::ContentFilter));
+        assert_eq!(got[2].as_ref().unwrap(), &GenEvent::Usage(Usage::new(1, 1)));
 
         let vllm = json!({"error": {"message": "overloaded", "type": "ServiceUnavailable",
             "code": 503}});

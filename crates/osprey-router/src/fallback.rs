@@ -76,7 +76,7 @@ impl RoutePlan {
             let events = upstream.answer(path, body, headers.clone(), source).await?;
             match body.streamed() {
                 true => Ok(events),
-                false => upstream.read_to_end(events).await,
+                false => upstream.read_to_end(events, None).await,
             }
         };
         let error = match ask(first, body).await {

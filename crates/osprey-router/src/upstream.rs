@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use futures_util::StreamExt;
 use osprey_core::api::{ErrorResponse, JsonBody};
 use osprey_core::backend::GenStream;
 use osprey_core::metrics as names;
@@ -157,9 +156,9 @@ impl Upstream {
 
     /// Asks `{url}/{path}` for `body`'s answer, sending `headers` too (the request's id, if
     /// they hold one, and its trace context), and reads it once as typed events
-    /// ([`events::read_response`]), whether the server streams it or not. A streamed request
-    /// asks for its usage. A stream the upstream cuts off, or fills with what is not a chunk,
-    /// ends with an error (`upstream_disconnected`, `upstream_invalid_response`).
+    /// ([`events::read_response`]), whether the server streams it or not. A stream the upstream
+    /// cuts off, or fills with what is not a chunk, ends with an error
+    /// (`upstream_disconnected`, `upstream_invalid_response`).
     pub async fn answer(
         &self,
         path: &str,
@@ -167,33 +166,32 @@ impl Upstream {
         headers: HeaderMap,
         source: Source,
     ) -> Result<GenStream, Error> {
-        let mut with_usage = None;
-        if body.streamed() && !body.include_usage() {
-            let asking = with_usage.insert(body.clone());
-            asking.edit()["stream_options"]["include_usage"] = true.into();
-        }
-        let body = with_usage.as_ref().unwrap_or(body);
         let sent = self.send(path, body, headers).await?;
         Ok(events::read_response(sent.response, source))
     }
 
-    /// The answer `events` read to its end within the timeout, for a request that is not
-    /// streamed: nothing of it has gone out yet, so one that failed or did not end in time is
-    /// an error, and another backend may answer instead.
-    pub async fn read_to_end(&self, events: GenStream) -> Result<GenStream, Error> {
-        let limit = self.timeout;
-        let Ok(events) = tokio::time::timeout(limit, events.collect::<Vec<_>>()).await else {
-            self.count("timeout");
-            let why = format!(
-                "The upstream for `{}` did not finish its answer within {limit:?}.",
-                self.name
-            );
-            return Err(Error::new(ErrorKind::GatewayTimeout, why).with_code("upstream_timeout"));
+    /// The answer `events` read to its end (within `limit`, if given), for a request that is
+    /// not streamed: nothing of it has gone out yet, so one that failed or did not end in time
+    /// is an error, and another backend may answer instead.
+    pub async fn read_to_end(
+        &self,
+        events: GenStream,
+        limit: Option<Duration>,
+    ) -> Result<GenStream, Error> {
+        let Some(limit) = limit else {
+            return events::to_end(events).await;
         };
-        if let Some(Err(e)) = events.last() {
-            return Err(e.clone());
+        match tokio::time::timeout(limit, events::to_end(events)).await {
+            Ok(read) => read,
+            Err(_) => {
+                self.count("timeout");
+                let why = format!(
+                    "The upstream for `{}` did not finish its answer within {limit:?}.",
+                    self.name
+                );
+                Err(Error::new(ErrorKind::GatewayTimeout, why).with_code("upstream_timeout"))
+            }
         }
-        Ok(Box::pin(futures_util::stream::iter(events)))
     }
 
     /// Sends `body` to `{url}/{path}`, with `headers` and the request's id ([`REQUEST_ID`], the

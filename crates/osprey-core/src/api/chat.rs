@@ -269,7 +269,8 @@ pub struct AssistantMessage {
 /// Log-probabilities of a chat choice's tokens.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatLogprobs {
-    /// One entry per output token.
+    /// One entry per output token; read as empty when `null`.
+    #[serde(default, deserialize_with = "null_as_no_tokens")]
     pub content: Vec<ChatTokenLogprob>,
 }
 
@@ -301,6 +302,12 @@ pub struct TopLogprob {
 }
 
 /// Bytes another server wrote as `null` (OpenAI's API allows it), read as none.
+fn null_as_no_tokens<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<ChatTokenLogprob>, D::Error> {
+    Ok(Option::<Vec<ChatTokenLogprob>>::deserialize(d)?.unwrap_or_default())
+}
+
 fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
     Ok(Option::<Vec<u8>>::deserialize(d)?.unwrap_or_default())
 }

@@ -116,6 +116,7 @@ pub(super) async fn dispatch<R: Routed>(
         }
     }
     let served = state.served_by(asked.model());
+    let whole = !asked.sampling().streaming();
     let tenant = &caller.tenant;
     let request = GenRequest {
         priority: caller.priority_of(asked.osprey()),
@@ -140,6 +141,10 @@ pub(super) async fn dispatch<R: Routed>(
             state.model_name().inspect(|name| mark(SERVED_BY, name));
             let mut answered = crate::local::serve(state, &caller, usage, request, writer).await?;
             answered.headers.extend(headers);
+            if whole {
+                // Read to its end here, so that one failing halfway is this stage's error.
+                answered.events = osprey_router::events::to_end(answered.events).await?;
+            }
             Ok(answered)
         }
     }

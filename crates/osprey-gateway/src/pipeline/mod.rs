@@ -123,8 +123,10 @@ pub async fn run<R: Routed>(
         Some(found) => found,
         None => match stages::backend::<R>(state, &mut p, recent.as_ref()).await? {
             stages::Answer::Fresh(answered) => {
+                // An answer with the caller's redacted values put back is theirs: not kept.
+                let restores = guard.as_ref().is_some_and(stages::Guard::restores);
                 out.push_some(stages::guard_out(guard, whole));
-                out.push_some(lookup.keeper(p.level));
+                out.push_some(lookup.keeper(p.level).filter(|_| !restores));
                 answered
             }
             stages::Answer::Recent(response) => return Ok(logged(state, &p, response).await),

@@ -62,6 +62,13 @@ pub(super) struct Guard {
     auditor: Auditor,
 }
 
+impl Guard {
+    /// Whether the answer gets values redacted from the caller's input put back.
+    pub(super) fn restores(&self) -> bool {
+        self.restore.is_some()
+    }
+}
+
 /// Guard-in: screens the input under the tenant's policy (or the one its flags name),
 /// redacting it in place.
 pub(super) async fn guard_in(state: &Services, p: &mut Prepared) -> Result<Option<Guard>, Error> {

@@ -3,8 +3,8 @@
 //! another server's deltas carried that Osprey does not know ([`ChoiceDelta::extra`]) go into
 //! the chunk's delta; whole, into the message, pieces of text joined.
 
+use axum::body::Bytes;
 use axum::response::Response;
-use axum::response::sse::Event;
 use osprey_core::Error;
 use osprey_core::api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 
 use super::{Chunks, Head, collect, fingerprint, whole_response};
 use crate::outbound::Outbound;
-use crate::sse::json_event;
+use crate::sse::json_frame;
 
 pub struct ChatWriter {
     pub(super) head: Head,
@@ -93,18 +93,18 @@ impl ChatWriter {
         }
     }
 
-    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> Event {
-        json_event(&self.object(choices, usage))
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> Bytes {
+        json_frame(&self.object(choices, usage))
     }
 
     /// The chunk of `choice`, its delta given the `extra` fields.
-    fn chunk_with(&self, choice: ChatChunkChoice, extra: Map<String, Value>) -> Event {
+    fn chunk_with(&self, choice: ChatChunkChoice, extra: Map<String, Value>) -> Bytes {
         let chunk = self.object(vec![choice], None);
         let mut chunk = serde_json::to_value(chunk).expect("a chunk serialises");
         if let Some(Value::Object(delta)) = chunk["choices"][0].get_mut("delta") {
             delta.extend(extra);
         }
-        json_event(&chunk)
+        json_frame(&chunk)
     }
 }
 
@@ -123,28 +123,31 @@ fn join(all: &mut Map<String, Value>, more: Map<String, Value>) {
 /// Adds `delta` to its choice of a whole answer.
 fn add(choice: &mut ChatChoice, delta: ChoiceDelta) {
     let message = &mut choice.message;
-    match delta.tool_call {
-        Some(call) => {
-            let calls = message.tool_calls.get_or_insert_with(Vec::new);
-            let arguments = call.function.arguments.unwrap_or_default();
-            match (call.id, calls.get_mut(call.index)) {
-                // A call already begun, its id sent again (as some servers do), goes on.
-                (_, Some(started)) => started.function.arguments.push_str(&arguments),
-                (Some(id), None) => calls.push(ToolCall {
-                    id,
-                    kind: call.kind.unwrap_or_else(|| "function".into()),
-                    function: FunctionCall {
-                        name: call.function.name.unwrap_or_default(),
-                        arguments,
-                    },
-                }),
-                (None, None) => {}
-            }
-        }
-        None => message
+    if !delta.text.is_empty() || delta.tool_call.is_none() {
+        message
             .content
             .get_or_insert_default()
-            .push_str(&delta.text),
+            .push_str(&delta.text);
+    }
+    if let Some(call) = delta.tool_call {
+        let calls = message.tool_calls.get_or_insert_with(Vec::new);
+        let arguments = call.function.arguments.unwrap_or_default();
+        match (call.id, calls.get_mut(call.index)) {
+            // A call begun goes on, also when its id is sent again (as some servers do).
+            (None, Some(started)) => started.function.arguments.push_str(&arguments),
+            (Some(id), Some(started)) if started.id == id => {
+                started.function.arguments.push_str(&arguments)
+            }
+            (Some(id), _) => calls.push(ToolCall {
+                id,
+                kind: call.kind.unwrap_or_else(|| "function".into()),
+                function: FunctionCall {
+                    name: call.function.name.unwrap_or_default(),
+                    arguments,
+                },
+            }),
+            (None, None) => {}
+        }
     }
     if let (Some(all), Some(Logprobs::Chat(more))) = (choice.logprobs.as_mut(), delta.logprobs) {
         all.content.extend(more);
@@ -157,7 +160,7 @@ impl Chunks for ChatWriter {
         &self.head
     }
 
-    fn opening(&self) -> Vec<Event> {
+    fn opening(&self) -> Vec<Bytes> {
         (0..self.n)
             .map(|index| {
                 let delta = ChatDelta {
@@ -176,7 +179,7 @@ impl Chunks for ChatWriter {
             .collect()
     }
 
-    fn delta(&mut self, delta: ChoiceDelta) -> Vec<Event> {
+    fn delta(&mut self, delta: ChoiceDelta) -> Vec<Bytes> {
         let index = delta.index;
         let mut chunks = Vec::new();
         let logprobs = match delta.logprobs {
@@ -186,15 +189,11 @@ impl Chunks for ChatWriter {
         let extra = delta.extra;
         let said = !delta.text.is_empty() || delta.tool_call.is_some() || logprobs.is_some();
         if said || extra.is_some() {
-            let delta = match delta.tool_call {
-                Some(call) => ChatDelta {
-                    tool_calls: Some(vec![call]),
-                    ..ChatDelta::default()
-                },
-                None => ChatDelta {
-                    content: (!delta.text.is_empty() || extra.is_none()).then_some(delta.text),
-                    ..ChatDelta::default()
-                },
+            let bare = delta.tool_call.is_some() || extra.is_some();
+            let delta = ChatDelta {
+                content: (!delta.text.is_empty() || !bare).then_some(delta.text),
+                tool_calls: delta.tool_call.map(|call| vec![call]),
+                ..ChatDelta::default()
             };
             let choice = ChatChunkChoice {
                 index,

@@ -1,7 +1,7 @@
 //! Text completion answers: one `text_completion` object whole, or one per delta streamed
 //! (the finish in the choice's last one).
 
-use axum::response::sse::Event;
+use axum::body::Bytes;
 use osprey_core::Error;
 use osprey_core::api::{
     Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage,
@@ -10,7 +10,7 @@ use osprey_core::backend::{ChoiceDelta, GenStream, Logprobs};
 
 use super::{Chunks, Head, collect, fingerprint, whole_response};
 use crate::outbound::Outbound;
-use crate::sse::json_event;
+use crate::sse::json_frame;
 use axum::response::Response;
 use serde_json::Value;
 
@@ -68,8 +68,8 @@ impl CompletionWriter {
         }
     }
 
-    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Event {
-        json_event(&self.object(choices, self.head.include_usage.then_some(usage)))
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Bytes {
+        json_frame(&self.object(choices, self.head.include_usage.then_some(usage)))
     }
 }
 
@@ -78,11 +78,11 @@ impl Chunks for CompletionWriter {
         &self.head
     }
 
-    fn opening(&self) -> Vec<Event> {
+    fn opening(&self) -> Vec<Bytes> {
         Vec::new()
     }
 
-    fn delta(&mut self, delta: ChoiceDelta) -> Vec<Event> {
+    fn delta(&mut self, delta: ChoiceDelta) -> Vec<Bytes> {
         if delta.is_empty() {
             return Vec::new();
         }

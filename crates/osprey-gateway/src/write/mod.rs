@@ -8,8 +8,8 @@
 mod chat;
 mod completions;
 
+use axum::body::Bytes;
 use axum::http::HeaderMap;
-use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 use osprey_core::Error;
@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::outbound::{Complete, Outbound, Seen};
-use crate::sse::{FINGERPRINT, done_event, json_event, new_id, stream_response};
+use crate::sse::{DONE_FRAME, FINGERPRINT, answer_stream, json_frame, new_id};
 use crate::state::unix_now;
 
 /// An answer begun: its events, how they are written, and the headers it goes out with.
@@ -84,9 +84,9 @@ impl Writer {
         let mut headers = HeaderMap::new();
         out.headers(&mut headers);
         let mut response = match self {
-            Writer::Chat(w) if w.head.streaming => stream_response(written(w, events, out)),
+            Writer::Chat(w) if w.head.streaming => answer_stream(written(w, events, out)),
             Writer::Chat(w) => w.whole(events, out).await?,
-            Writer::Completion(w) if w.head.streaming => stream_response(written(w, events, out)),
+            Writer::Completion(w) if w.head.streaming => answer_stream(written(w, events, out)),
             Writer::Completion(w) => w.whole(events, out).await?,
         };
         response.headers_mut().extend(headers);
@@ -140,9 +140,9 @@ trait Chunks: Send + Sync + 'static {
     /// The answer's head.
     fn head(&self) -> &Head;
     /// The chunks that open the stream.
-    fn opening(&self) -> Vec<Event>;
+    fn opening(&self) -> Vec<Bytes>;
     /// The chunks of one delta (none for a delta with nothing for the client).
-    fn delta(&mut self, delta: ChoiceDelta) -> Vec<Event>;
+    fn delta(&mut self, delta: ChoiceDelta) -> Vec<Bytes>;
     /// A chunk without choices, carrying `usage` if the request asked for it: as JSON.
     fn empty(&self, usage: Option<Usage>) -> Value;
 }
@@ -152,7 +152,7 @@ fn written(
     writer: impl Chunks,
     events: GenStream,
     out: Outbound,
-) -> impl Stream<Item = Event> + Send + 'static {
+) -> impl Stream<Item = Bytes> + Send + 'static {
     let opening = writer.opening();
     let rest = stream::unfold(Some((writer, events, out)), |state| async move {
         let (mut writer, mut events, mut out) = state?;
@@ -174,7 +174,7 @@ fn written(
             Ok(GenEvent::Usage(usage)) => ending(&writer, &mut out, Some(usage)).await,
             Err(e) => {
                 out.error(&e);
-                vec![json_event(&e.envelope())]
+                vec![json_frame(&e.envelope())]
             }
         };
         Some((last, None))
@@ -184,23 +184,23 @@ fn written(
 
 /// The last events of a complete stream: every step's end, then the usage chunk (if asked),
 /// the steps' additions and `[DONE]`; the error event instead if a step fails.
-async fn ending(writer: &impl Chunks, out: &mut Outbound, usage: Option<Usage>) -> Vec<Event> {
+async fn ending(writer: &impl Chunks, out: &mut Outbound, usage: Option<Usage>) -> Vec<Bytes> {
     let head = writer.head();
     let osprey = match out.end(&head.complete(usage.as_ref())).await {
         Ok(osprey) => osprey,
-        Err(e) => return vec![json_event(&e.envelope())],
+        Err(e) => return vec![json_frame(&e.envelope())],
     };
     let usage = usage.filter(|_| head.include_usage);
-    let usage = usage.map(|u| json_event(&writer.empty(Some(u))));
+    let usage = usage.map(|u| json_frame(&writer.empty(Some(u))));
     let added = (!osprey.is_empty()).then(|| {
         let mut chunk = writer.empty(None);
         chunk["osprey"] = Value::Object(osprey);
-        json_event(&chunk)
+        json_frame(&chunk)
     });
     usage
         .into_iter()
         .chain(added)
-        .chain([done_event()])
+        .chain([Bytes::from_static(DONE_FRAME)])
         .collect()
 }
 
@@ -558,5 +558,27 @@ mod tests {
         };
         let answer = written_through(body, script, chain([failing])).await;
         assert_eq!(answer, ["error: no room"]);
+    }
+
+    #[tokio::test]
+    async fn text_beside_a_tool_call_is_written_whole_and_streamed() {
+        let both = || {
+            let Ok(GenEvent::Delta(mut delta)) = call(0, 0, Some("f"), "{}") else {
+                unreachable!("a delta")
+            };
+            delta.text = "Let me look.".into();
+            delta.finish = Some(ToolCalls);
+            Ok(GenEvent::Delta(delta))
+        };
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "?"}]});
+        let answer = json(&written(body.clone(), vec![both(), usage(1, 1)]).await[0]);
+        let message = &answer["choices"][0]["message"];
+        assert_eq!(message["content"], "Let me look.");
+        assert_eq!(message["tool_calls"][0]["function"]["name"], "f");
+        body["stream"] = true.into();
+        let events = written(body, vec![both(), usage(1, 1)]).await;
+        let delta = &json(&events[1])["choices"][0]["delta"];
+        assert_eq!(delta["content"], "Let me look.");
+        assert_eq!(delta["tool_calls"][0]["function"]["name"], "f");
     }
 }

@@ -244,7 +244,10 @@ impl WorkerPool {
                     }));
                     match whole {
                         false => return Ok((worker.url.clone(), events)),
-                        true => match worker.upstream.read_to_end(events).await {
+                        true => match (worker.upstream)
+                            .read_to_end(events, Some(worker.upstream.timeout()))
+                            .await
+                        {
                             Ok(events) => return Ok((worker.url.clone(), events)),
                             Err(e) => e,
                         },
