@@ -382,15 +382,70 @@ fn null_as_default<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Delta, D::E
     Ok(Option::<Delta>::deserialize(d)?.unwrap_or_default())
 }
 
-#[derive(Default, Deserialize)]
+#[derive(Default)]
 struct Delta {
-    #[serde(default)]
     content: Option<String>,
-    #[serde(default)]
     tool_calls: Option<Vec<ToolCallDelta>>,
     /// The fields Osprey does not know.
-    #[serde(flatten)]
     extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Read field by field (not with `#[serde(flatten)]`, which buffers every delta first): the
+/// known fields typed, any other kept as it came.
+impl<'de> Deserialize<'de> for Delta {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Delta;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a delta or message object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Delta, A::Error> {
+                let mut delta = Delta::default();
+                while let Some(name) = map.next_key::<Field>()? {
+                    match name {
+                        Field::Content => delta.content = map.next_value()?,
+                        Field::ToolCalls => delta.tool_calls = map.next_value()?,
+                        Field::Other(name) => {
+                            delta.extra.insert(name, map.next_value()?);
+                        }
+                    }
+                }
+                Ok(delta)
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+/// A field of a delta, by name (read without allocating for the known ones).
+enum Field {
+    Content,
+    ToolCalls,
+    Other(String),
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = Field;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E>(self, name: &str) -> Result<Field, E> {
+                Ok(match name {
+                    "content" => Field::Content,
+                    "tool_calls" => Field::ToolCalls,
+                    other => Field::Other(other.to_owned()),
+                })
+            }
+        }
+        d.deserialize_identifier(Name)
+    }
 }
 
 #[cfg(test)]
