@@ -29,6 +29,11 @@ async fn ask(base: &str, body: &Value) -> (Option<String>, String) {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["x-osprey-model"],
+        MODEL,
+        "hit or miss, the model is named"
+    );
     let cache = (r.headers().get("x-osprey-cache")).map(|v| v.to_str().unwrap().to_owned());
     (cache, r.text().await.unwrap())
 }

@@ -26,7 +26,7 @@ use osprey_core::Error;
 use osprey_router::auto;
 use osprey_router::degrade::DEGRADED;
 use osprey_router::events::Source;
-use osprey_router::upstream::{ROUTE_REASON, warrants_fallback};
+use osprey_router::upstream::{ROUTE_REASON, SERVED_BY, warrants_fallback};
 
 /// What the body asks of the stages, read before any of them changes it.
 pub(super) struct Asked {
@@ -185,8 +185,8 @@ impl Lookup {
     }
 
     /// The answer found, as typed events for the request's writer (which writes it under
-    /// the kept id, streamed if the request asks for a stream), marked as a hit, with its
-    /// similarity when it was found by meaning.
+    /// the kept id, streamed if the request asks for a stream), marked as a hit from the model
+    /// that answered, with its similarity when it was found by meaning.
     pub(super) fn found<R: Routed>(&self, p: &Prepared) -> Result<Option<Answered>, Error> {
         let mut headers = HeaderMap::new();
         let answer = match (&self.hit, &self.similar, &self.cache) {
@@ -203,6 +203,10 @@ impl Lookup {
             _ => return Ok(None),
         };
         headers.insert(replay::CACHE, HeaderValue::from_static("hit"));
+        let model = answer["model"]
+            .as_str()
+            .and_then(|m| HeaderValue::from_str(m).ok());
+        model.map(|m| headers.insert(SERVED_BY, m));
         let asked = p.body.typed::<R>()?.asked();
         let writer = Writer::of(&asked)?.kept_as(&answer);
         let source = Source::of(asked.model(), &asked, 0)?;
