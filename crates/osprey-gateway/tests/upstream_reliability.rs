@@ -54,10 +54,7 @@ async fn scripted_upstream(
         }
     };
     let app = axum::Router::new().route("/v1/chat/completions", post(chat));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}/v1"), seen)
+    (serve_upstream(app).await, seen)
 }
 
 async fn gateway_for(model: &str, url: String) -> String {
@@ -261,10 +258,7 @@ async fn garbage_upstream() -> String {
         }
     };
     let app = axum::Router::new().route("/v1/chat/completions", post(chat));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}/v1")
+    serve_upstream(app).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,10 +316,7 @@ async fn reasoning_upstream() -> String {
         .into_response()
     };
     let app = axum::Router::new().route("/v1/chat/completions", post(chat));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}/v1")
+    serve_upstream(app).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

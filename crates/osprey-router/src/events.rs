@@ -144,9 +144,7 @@ impl Reader {
                     "The upstream for `{}` answered with invalid JSON: {e}",
                     self.source.model
                 );
-                let error =
-                    Error::new(ErrorKind::BadGateway, why).with_code("upstream_invalid_response");
-                return self.fail("invalid", error);
+                return self.invalid(why);
             }
         };
         for choice in answer.choices.iter_mut().flatten() {
@@ -176,9 +174,7 @@ impl Reader {
                     "The upstream for `{}` sent an event that is not a chunk: {e}",
                     self.source.model
                 );
-                let error =
-                    Error::new(ErrorKind::BadGateway, why).with_code("upstream_invalid_response");
-                return self.fail("invalid", error);
+                return self.invalid(why);
             }
         };
         self.chunk(chunk);
@@ -283,6 +279,12 @@ impl Reader {
             );
             Error::new(ErrorKind::BadGateway, why).with_code("upstream_invalid_response")
         })
+    }
+
+    /// Ends the answer as invalid, for `why`.
+    fn invalid(&mut self, why: String) {
+        let error = Error::new(ErrorKind::BadGateway, why).with_code("upstream_invalid_response");
+        self.fail("invalid", error);
     }
 
     /// Ends the answer with `error`, counted under `outcome`.

@@ -210,6 +210,11 @@ pub async fn upstream() -> String {
         .into_response()
     }
     let app = axum::Router::new().route("/v1/chat/completions", post(chat));
+    serve_upstream(app).await
+}
+
+/// Serves `app` as an upstream on a free port: its base URL, with `/v1`.
+pub async fn serve_upstream(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
