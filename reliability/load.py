@@ -43,8 +43,8 @@ import threading
 import time
 import urllib.parse
 
-# 503 codes that mean designed shedding under load (crates/osprey-gateway/src/admission.rs,
-# degrade.rs; the engine's full queue in crates/osprey-engine/src/engine.rs): not failures of
+# 503 codes that mean designed shedding under load (crates/osprey-limits/src/admission.rs,
+# osprey-router degrade/; the engine's full queue in crates/osprey-engine/src/engine.rs): not failures of
 # the server. Every other 5xx counts in errors_5xx (store_unavailable, upstream_* included).
 SHED_CODES = {"server_overloaded", "degraded_batch_deferred"}
 

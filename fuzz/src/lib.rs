@@ -82,7 +82,7 @@ pub fn upstream_sse(data: &[u8]) {
     let (url, served) = upstream_server();
     *served.lock().unwrap() = (first & 0x40 != 0, chunks.clone());
     runtime().block_on(async {
-        let config: osprey_gateway::config::UpstreamConfig =
+        let config: osprey_services::config::UpstreamConfig =
             serde_json::from_value(serde_json::json!({"url": url, "max_retries": 0}))
                 .expect("an upstream config");
         let client = osprey_router::upstream::http_client();
@@ -238,7 +238,7 @@ pub fn config(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(tables) = osprey_gateway::config::ConfigTables::parse(text) else {
+    let Ok(tables) = osprey_services::config::ConfigTables::parse(text) else {
         return;
     };
     for policy in tables.policies.into_values() {

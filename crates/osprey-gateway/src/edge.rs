@@ -1,4 +1,5 @@
-//! The edge: every generation request passes [`guard`] before a handler sees it.
+//! The edge's middleware: every generation request passes [`guard`] before a handler sees it
+//! (the parts it uses are [`osprey_services::edge`]'s).
 //!
 //! In order: authenticate the key and find its tenant; parse the body, once (the
 //! [`JsonBody`] is handed on to the handler), and read its model, `max_tokens` and priority;
@@ -8,8 +9,7 @@
 //! tenant). The response carries OpenAI's `x-ratelimit-*` headers; when its body ends, the
 //! places are given back and the token charge is corrected to the actual usage.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -20,82 +20,19 @@ use futures_util::StreamExt;
 use osprey_core::api::JsonBody;
 use osprey_core::metrics as names;
 use osprey_core::{Error, ErrorKind, Priority, UsageReport};
-use osprey_store::KeyRecord;
 use serde::Deserialize;
-
 use tracing::Instrument;
 
-use crate::auth::Authenticator;
-use crate::config::{EdgeConfig, OPEN_TENANT, Tenant};
-use crate::error::ApiError;
-use crate::state::Services;
-use osprey_limits::admission::{Admission, Place};
+use osprey_limits::admission::Place;
 use osprey_limits::{Bucket, BucketState, Decision, RateLimiter, Unit, Verdict};
+use osprey_services::Services;
+use osprey_services::config::Tenant;
+use osprey_services::edge::{Admitted, TenantSlot};
+use osprey_services::error::ApiError;
 
 /// Completion tokens assumed on admission for a request that sets no `max_tokens` (and has
 /// no cap); corrected to the truth when it ends.
 const DEFAULT_COMPLETION_ESTIMATE: u64 = 256;
-
-/// Who is calling, for handlers (an extension on every request past the edge).
-#[derive(Clone, Debug)]
-pub struct Caller {
-    /// The tenant's resolved settings.
-    pub tenant: Arc<Tenant>,
-    /// The key's id, when one was used.
-    pub key_id: Option<String>,
-    /// The end user the request is for, from the `x-osprey-user` header: conversations and
-    /// memory belong to a tenant's user.
-    pub user: Option<String>,
-    /// The ACL groups it belongs to: the tenant's and its key's (never the request's own
-    /// say).
-    pub groups: Vec<String>,
-    /// The tool scopes its key is granted, within its tenant's (`None`: the tenant's).
-    pub tool_scopes: Option<Vec<String>>,
-    /// What happens to the request on its way, for the request log.
-    pub record: Arc<crate::record::RequestRecord>,
-}
-
-/// The header naming the end user a request is for.
-pub const USER_HEADER: &str = "x-osprey-user";
-
-impl Caller {
-    /// The same caller, with a record of its own (for a request the gateway makes on its
-    /// behalf, which must not mix its notes into the client request's).
-    pub fn with_fresh_record(&self) -> Self {
-        Self {
-            record: Arc::default(),
-            ..self.clone()
-        }
-    }
-
-    /// Whose state a request reads and writes: the tenant's user named by the header, else
-    /// by the body's `user` (chat requests), else the tenant's anonymous user (`""`).
-    pub fn owner(&self, body_user: Option<&str>) -> osprey_store::Owner {
-        osprey_store::Owner {
-            tenant: self.tenant.name.clone(),
-            user: (self.user.as_deref().or(body_user).unwrap_or_default()).to_owned(),
-        }
-    }
-
-    /// The priority a request asks for in its `osprey` options, else the tenant's default.
-    pub fn priority_of(&self, options: &Option<osprey_core::api::OspreyOptions>) -> Priority {
-        options
-            .as_ref()
-            .and_then(|o| o.priority)
-            .unwrap_or(self.tenant.priority)
-    }
-}
-
-/// What the edge hands a generation handler (an extension on every admitted request).
-#[derive(Clone, Debug)]
-pub struct Admitted {
-    /// Who is calling.
-    pub caller: Caller,
-    /// The model the body names, as the edge read it (`None` if the body is not JSON).
-    pub model: Option<String>,
-    /// Where the handler reports the request's actual token usage.
-    pub usage: Arc<UsageReport>,
-}
 
 /// The state of [`guard`]: the app and the largest body it reads.
 #[derive(Clone)]
@@ -104,118 +41,6 @@ pub struct EdgeLayer {
     pub app: Services,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
-}
-
-/// The edge's parts, shared by all requests.
-pub struct Edge {
-    config: EdgeConfig,
-    auth: Arc<Authenticator>,
-    limiter: RateLimiter,
-    admission: Admission,
-    tenants: RwLock<HashMap<String, Arc<Tenant>>>,
-    running: Mutex<HashMap<String, u64>>,
-}
-
-impl Edge {
-    /// An edge with `config`, checking keys with `auth` and limits with `limiter`.
-    pub fn new(config: EdgeConfig, auth: Arc<Authenticator>, limiter: RateLimiter) -> Self {
-        // The recorder first, or the limiter's gauge would be set before anything records it.
-        crate::metrics::install();
-        limiter.announce();
-        Self {
-            admission: Admission::new(config.admission),
-            config,
-            auth,
-            limiter,
-            tenants: RwLock::default(),
-            running: Mutex::default(),
-        }
-    }
-
-    /// An open edge: no keys, default limits in memory.
-    pub fn open() -> Self {
-        Self::new(
-            EdgeConfig::default(),
-            Authenticator::open(),
-            RateLimiter::local(),
-        )
-    }
-
-    /// The key checker.
-    pub fn auth(&self) -> &Arc<Authenticator> {
-        &self.auth
-    }
-
-    /// Requests in flight through admission control.
-    pub fn in_flight(&self) -> u64 {
-        self.admission.in_flight()
-    }
-
-    /// The rate limiter.
-    pub fn limiter(&self) -> &RateLimiter {
-        &self.limiter
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &EdgeConfig {
-        &self.config
-    }
-
-    /// The settings of tenant `name` (resolved once, then shared).
-    pub fn tenant(&self, name: &str) -> Arc<Tenant> {
-        if let Some(t) = self.tenants.read().expect("tenants lock").get(name) {
-            return t.clone();
-        }
-        let t = Arc::new(self.config.tenant(name));
-        self.tenants
-            .write()
-            .expect("tenants lock")
-            .insert(name.to_owned(), t.clone());
-        t
-    }
-
-    /// The admission of a request that never passed the edge: the open tenant, nothing read.
-    pub fn unguarded(&self) -> Admitted {
-        Admitted {
-            caller: Caller {
-                tenant: self.tenant(OPEN_TENANT),
-                key_id: None,
-                user: None,
-                groups: Vec::new(),
-                tool_scopes: None,
-                record: Arc::default(),
-            },
-            model: None,
-            usage: Arc::default(),
-        }
-    }
-
-    /// Authenticates a request's headers: the caller, or a 401.
-    pub async fn caller(
-        &self,
-        headers: &HeaderMap,
-    ) -> Result<(Caller, Option<Arc<KeyRecord>>), Error> {
-        let key = self.auth.authenticate(headers).await?;
-        let tenant = self.tenant(key.as_ref().map_or(OPEN_TENANT, |k| k.tenant.as_str()));
-        let user = (headers.get(USER_HEADER))
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned);
-        let mut groups = tenant.groups.clone();
-        groups.extend(key.iter().flat_map(|k| k.groups()));
-        let caller = Caller {
-            tenant,
-            key_id: key.as_ref().map(|k| k.id.clone()),
-            user,
-            groups,
-            tool_scopes: key.as_ref().and_then(|k| {
-                (k.tool_scopes.as_deref()).map(|s| s.split(',').map(str::to_owned).collect())
-            }),
-            record: Arc::default(),
-        };
-        Ok((caller, key))
-    }
 }
 
 /// Authentication only, for `/v1` routes that generate nothing (`GET /v1/models`).
@@ -314,7 +139,7 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
         .unwrap_or(tenant.priority);
 
     let place = edge
-        .admission
+        .admission()
         .enter(priority, charged)
         .map_err(|e| (e, None))?;
     let slot = TenantSlot::take(&edge, tenant).map_err(|e| (e, None))?;
@@ -330,14 +155,14 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
         buckets.push(bucket("key", &k.id, Unit::Requests, rpm, 1));
         buckets.push(bucket("key", &k.id, Unit::Tokens, tpm, charged));
     }
-    let check = edge.limiter.check(&buckets, caller.key_id.as_deref());
+    let check = edge.limiter().check(&buckets, caller.key_id.as_deref());
     let decision = match check.instrument(tracing::info_span!("rate_limit")).await {
         Verdict::Revoked => {
             if let Some(id) = &caller.key_id {
-                edge.auth.forget(id);
+                edge.auth().forget(id);
             }
             return Err((
-                crate::auth::unauthorized("This API key has been revoked."),
+                osprey_services::auth::unauthorized("This API key has been revoked."),
                 None,
             ));
         }
@@ -365,7 +190,7 @@ async fn admit(layer: &EdgeLayer, req: Request) -> Result<(Request, Ticket), Rej
     };
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
     let ticket = Ticket {
-        limiter: edge.limiter.clone(),
+        limiter: edge.limiter().clone(),
         token_buckets: buckets
             .into_iter()
             .filter(|b| b.unit == Unit::Tokens)
@@ -429,50 +254,6 @@ fn refusal(tenant: &Tenant, buckets: &[Bucket], decision: &Decision) -> Error {
         .with_retry_after(((us + 999_999) / 1_000_000).max(1) as u64),
     };
     e.with_code("rate_limit_exceeded")
-}
-
-/// A place in a tenant's concurrency limit, given back on drop.
-struct TenantSlot {
-    edge: Arc<Edge>,
-    tenant: String,
-}
-
-impl TenantSlot {
-    fn take(edge: &Arc<Edge>, tenant: &Tenant) -> Result<Self, Error> {
-        let mut running = edge.running.lock().expect("running lock");
-        let n = running.entry(tenant.name.clone()).or_insert(0);
-        if *n >= tenant.max_concurrent {
-            metrics::counter!(names::RATE_LIMITED, "tenant" => tenant.name.clone(), "limit" => "concurrency").increment(1);
-            return Err(Error::new(
-                ErrorKind::RateLimited,
-                format!(
-                    "Tenant `{}` already has {} requests in flight, its limit.",
-                    tenant.name, tenant.max_concurrent
-                ),
-            )
-            .with_code("rate_limit_exceeded")
-            .with_retry_after(1));
-        }
-        *n += 1;
-        Ok(Self {
-            edge: edge.clone(),
-            tenant: tenant.name.clone(),
-        })
-    }
-}
-
-impl Drop for TenantSlot {
-    fn drop(&mut self) {
-        if let Some(n) = self
-            .edge
-            .running
-            .lock()
-            .expect("running lock")
-            .get_mut(&self.tenant)
-        {
-            *n = n.saturating_sub(1);
-        }
-    }
 }
 
 /// What an admitted request holds until its response body ends.

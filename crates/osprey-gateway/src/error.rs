@@ -1,45 +1,11 @@
-//! The one place an error becomes an HTTP response, and the JSON body extractor that keeps
-//! every rejection in OpenAI's envelope.
+//! The JSON body extractor and the middleware that keep every rejection in OpenAI's envelope
+//! (an error becomes a response in one place, [`osprey_services::error::ApiError`]).
 
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use osprey_core::{Error, ErrorKind};
-
-/// An [`Error`] on its way to the client.
-#[derive(Debug)]
-pub struct ApiError(pub Error);
-
-impl From<Error> for ApiError {
-    fn from(e: Error) -> Self {
-        Self(e)
-    }
-}
-
-/// The HTTP status of `kind`.
-fn status(kind: ErrorKind) -> StatusCode {
-    StatusCode::from_u16(kind.status_and_type().0).expect("a valid status")
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = status(self.0.kind);
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            tracing::warn!(error = %self.0.message, "request turned away");
-        } else if status.is_server_error() {
-            tracing::error!(error = %self.0.message, "request failed");
-        } else {
-            tracing::debug!(status = status.as_u16(), error = %self.0.message, "request rejected");
-        }
-        let mut response = (status, axum::Json(self.0.envelope())).into_response();
-        if let Some(secs) = self.0.retry_after {
-            response
-                .headers_mut()
-                .insert(axum::http::header::RETRY_AFTER, secs.into());
-        }
-        response
-    }
-}
+use osprey_services::error::ApiError;
 
 /// A JSON request body parsed into `T`, with every failure (too large, unreadable, not JSON,
 /// wrong shape) reported in OpenAI's envelope with the offending field named.

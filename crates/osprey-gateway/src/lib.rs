@@ -1,41 +1,17 @@
 //! Osprey's HTTP edge: the OpenAI-compatible API in front of the engine and of upstream
-//! OpenAI-compatible servers.
+//! OpenAI-compatible servers. This crate holds HTTP; what its routes call is
+//! [`osprey_services`]'s.
 //!
-//! - [`edge`]: what every `/v1` request passes first: [`auth`] (API keys), tenants
-//!   ([`config`]), admission control and rate limits ([`osprey_limits`]: GCRA, in memory
-//!   or shared through Redis), with OpenAI's `x-ratelimit-*` headers on the way out; the limits
-//!   and the response cache share one connection to `--redis` ([`osprey_store::SharedRedis`]);
-//! - [`pipeline`]: the stages of a generation request, in order, over its body parsed once
-//!   ([`osprey_core::api::JsonBody`]); [`local`] is the engine of this process as its backend;
-//!   the other backends are `osprey-router`'s: [`osprey_router::upstream`] (models served by
-//!   another OpenAI-compatible server) and [`osprey_router::workers`] (a pool of
-//!   `osprey worker`s; the workers' side of that protocol is [`routes::worker_router`]);
-//! - [`outbound`]: the way out, one chain of steps over the answer in one task;
+//! - [`edge`]: the middleware every `/v1` request passes first: authentication, the body
+//!   parsed once, admission control and rate limits, with OpenAI's `x-ratelimit-*` headers on
+//!   the way out;
 //! - [`routes`]: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, the
-//!   Batch API (`/v1/files`, `/v1/batches`), `/health`, `/ready`, `/metrics`; streaming with
-//!   server-sent events;
-//! - [`error`]: the only place an [`osprey_core::Error`] becomes an HTTP status, always in
-//!   OpenAI's envelope `{"error": {"message", "type", "param", "code"}}` — including bodies too
-//!   large, malformed JSON, unknown routes and handler panics;
-//! - [`state::Services`]: what every handler shares, built once at start from a [`Wiring`]
-//!   and never changed after: the served models (the local engine, set once loading
-//!   finishes, so the server answers `/health` while the model loads; upstreams; workers),
-//!   the edge, the store, the caches and the policies;
-//! - [`replay`]: idempotent requests answered once, and the recent answers the ladder and
-//!   fallback chains serve when generating is not an option;
-//! - [`context`] and [`prompts`]: the memory and prompt stages' ties to the server (the work is
-//!   `osprey-context`'s): a user's facts, scratchpad and conversation put in within budgets,
-//!   summaries written by the smallest tier, a registered prompt applied, and the headers
-//!   saying what went in;
-//! - [`cache`] and [`semantic_cache`]: answers kept by request, and (opt-in per tenant) by
-//!   meaning;
-//! - [`request_log`]: one row per generation request in the store, written off the request's
-//!   path;
-//! - [`safety`]: each tenant's safety policy ([`osprey_policy`]) screening generation input,
-//!   and `POST /v1/moderations`;
-//! - [`agent`]: agent runs (the Responses API): `osprey-agent`'s orchestrator with the
-//!   model a request names, its tools under the caller's scopes, runs and audits in the store;
-//! - [`metrics`]: Prometheus export and request histograms;
+//!   Batch API (`/v1/files`, `/v1/batches`), conversations, memory, collections, the
+//!   Responses API, `/v1/moderations`, the admin API, `/health`, `/ready`, `/metrics`; and the
+//!   workers' side of the worker protocol ([`routes::worker_router`]);
+//! - [`error`]: the JSON body extractor and the middleware that keep every error a client
+//!   sees in OpenAI's envelope — including bodies too large, malformed JSON, unknown routes
+//!   and handler panics;
 //! - [`openapi`]: the OpenAPI document of the whole surface, generated from the handlers and
 //!   served at `GET /openapi.json`;
 //! - [`tls`]: TLS terminated by the server itself, for deployments without a proxy.
@@ -50,34 +26,14 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod agent;
-pub mod auth;
-pub mod cache;
-pub mod config;
-pub mod context;
 pub mod edge;
 pub mod error;
-pub mod local;
-pub mod metrics;
 pub mod openapi;
-pub mod outbound;
-pub mod pipeline;
-pub mod prompts;
-pub mod rag;
-pub mod record;
-pub mod replay;
-pub mod request_log;
 pub mod routes;
-pub mod safety;
-pub mod semantic_cache;
-pub mod sse;
-pub mod state;
-pub mod telemetry;
 pub mod tls;
-pub mod write;
 
+pub use osprey_services::{Services, Wiring};
 pub use routes::{HttpConfig, router, worker_router};
-pub use state::{Services, Wiring};
 
 use std::time::Duration;
 
@@ -154,7 +110,7 @@ pub async fn serve_router(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    metrics::install();
+    osprey_services::metrics::install();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);

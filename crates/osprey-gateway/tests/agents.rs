@@ -10,11 +10,11 @@ use std::path::PathBuf;
 use osprey_agent::builtin::calculator;
 use osprey_agent::mcp::McpServerConfig;
 use osprey_agent::{AgentConfig, Budget, Scopes};
-use osprey_gateway::auth::Authenticator;
-use osprey_gateway::config::{EdgeConfig, TenantConfig};
-use osprey_gateway::edge::Edge;
 use osprey_gateway::{Services, Wiring};
 use osprey_limits::RateLimiter;
+use osprey_services::auth::Authenticator;
+use osprey_services::config::{EdgeConfig, TenantConfig};
+use osprey_services::edge::Edge;
 use osprey_store::{NewKey, Store};
 use serde_json::{Value, json};
 

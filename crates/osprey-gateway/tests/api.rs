@@ -74,9 +74,9 @@ async fn post_stream(base: &str, path: &str, body: Value) -> Vec<String> {
 /// the request is answered by the engine, and the response says so.
 #[tokio::test]
 async fn a_failing_upstream_falls_back_to_the_local_engine() {
-    use osprey_gateway::config::UpstreamConfig;
-    use osprey_gateway::edge::Edge;
     use osprey_router::upstream::{Upstream, check_fallbacks, http_client};
+    use osprey_services::config::UpstreamConfig;
+    use osprey_services::edge::Edge;
     // A port nothing listens on: bound, then dropped.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -119,10 +119,10 @@ async fn two_tiers(
     large_url: &str,
     tiers: impl FnOnce(Vec<osprey_router::tiers::Tier>) -> osprey_router::tiers::Tiers,
 ) -> String {
-    use osprey_gateway::config::UpstreamConfig;
-    use osprey_gateway::edge::Edge;
     use osprey_router::tiers::Tier;
     use osprey_router::upstream::{Upstream, http_client};
+    use osprey_services::config::UpstreamConfig;
+    use osprey_services::edge::Edge;
     let config = UpstreamConfig {
         url: format!("{large_url}/v1"),
         api_key_env: None,
@@ -362,10 +362,10 @@ async fn a_named_request_is_generated_once() {
 /// level 2.
 #[tokio::test]
 async fn the_ladder_follows_the_requests_in_flight() {
-    use osprey_gateway::auth::Authenticator;
-    use osprey_gateway::config::{AdmissionConfig, EdgeConfig};
-    use osprey_gateway::edge::Edge;
     use osprey_limits::RateLimiter;
+    use osprey_services::auth::Authenticator;
+    use osprey_services::config::{AdmissionConfig, EdgeConfig};
+    use osprey_services::edge::Edge;
     let config = EdgeConfig {
         admission: AdmissionConfig {
             max_in_flight: 4,

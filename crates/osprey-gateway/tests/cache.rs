@@ -2,8 +2,8 @@
 //! then from the cache, streamed or not; a sampled one never is; and with Redis, a second
 //! gateway answers from what the first one kept.
 
-use osprey_gateway::cache::ResponseCache;
 use osprey_gateway::{Services, Wiring};
+use osprey_services::cache::ResponseCache;
 use osprey_store::SharedRedis;
 use serde_json::{Value, json};
 

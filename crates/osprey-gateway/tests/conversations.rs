@@ -3,11 +3,11 @@
 //! model) and its turn is kept, streamed or not; and while Postgres is unreachable, requests
 //! that need the store fail fast with a 503 and recover when it returns, with nothing lost.
 
-use osprey_gateway::auth::Authenticator;
-use osprey_gateway::config::EdgeConfig;
-use osprey_gateway::edge::Edge;
 use osprey_gateway::{Services, Wiring};
 use osprey_limits::RateLimiter;
+use osprey_services::auth::Authenticator;
+use osprey_services::config::EdgeConfig;
+use osprey_services::edge::Edge;
 use osprey_store::Store;
 use serde_json::{Value, json};
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use osprey_core::Priority;
-use osprey_gateway::config::{AdmissionConfig, TenantConfig};
+use osprey_services::config::{AdmissionConfig, TenantConfig};
 use osprey_store::NewKey;
 use osprey_testkit::eventually;
 use reqwest::Method;
@@ -408,7 +408,7 @@ async fn a_stopping_gateway_finishes_the_answer_in_flight_and_logs_it() {
 
     let (store, _) = store().await;
     let key = new_key(&store, "acme").await;
-    let config = osprey_gateway::config::UpstreamConfig {
+    let config = osprey_services::config::UpstreamConfig {
         url: upstream_url,
         api_key_env: None,
         model: None,
@@ -417,11 +417,11 @@ async fn a_stopping_gateway_finishes_the_answer_in_flight_and_logs_it() {
         fallbacks: None,
     };
     let held = Upstream::new("held", &config, http_client()).unwrap();
-    let auth = osprey_gateway::auth::Authenticator::new(store.clone())
+    let auth = osprey_services::auth::Authenticator::new(store.clone())
         .await
         .unwrap();
-    let edge = osprey_gateway::edge::Edge::new(
-        osprey_gateway::config::EdgeConfig::default(),
+    let edge = osprey_services::edge::Edge::new(
+        osprey_services::config::EdgeConfig::default(),
         auth,
         osprey_limits::RateLimiter::local(),
     );

@@ -5,15 +5,15 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use osprey_gateway::auth::Authenticator;
-use osprey_gateway::config::{EdgeConfig, UpstreamConfig};
-use osprey_gateway::edge::Edge;
-use osprey_gateway::safety::Policies;
 use osprey_gateway::{Services, Wiring};
 use osprey_limits::RateLimiter;
 use osprey_policy::pipeline::{CategoryRule, PolicyConfig};
 use osprey_router::tiers::{Tier, Tiers};
 use osprey_router::upstream::{Upstream, http_client};
+use osprey_services::auth::Authenticator;
+use osprey_services::config::{EdgeConfig, UpstreamConfig};
+use osprey_services::edge::Edge;
+use osprey_services::safety::Policies;
 use osprey_store::Store;
 use reqwest::Method;
 use serde_json::{Value, json};

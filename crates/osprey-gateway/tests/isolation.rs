@@ -32,12 +32,12 @@
 
 use std::time::Duration;
 
-use osprey_gateway::auth::Authenticator;
-use osprey_gateway::cache::ResponseCache;
-use osprey_gateway::config::EdgeConfig;
-use osprey_gateway::edge::Edge;
 use osprey_gateway::{Services, Wiring};
 use osprey_limits::RateLimiter;
+use osprey_services::auth::Authenticator;
+use osprey_services::cache::ResponseCache;
+use osprey_services::config::EdgeConfig;
+use osprey_services::edge::Edge;
 use osprey_store::Store;
 use reqwest::Method;
 use serde_json::{Value, json};

@@ -5,12 +5,12 @@
 //! prompt version and what was injected; deleting a user forgets all of theirs, cached answers
 //! included (in memory and in Redis).
 
-use osprey_gateway::auth::Authenticator;
-use osprey_gateway::cache::ResponseCache;
-use osprey_gateway::config::EdgeConfig;
-use osprey_gateway::edge::Edge;
 use osprey_gateway::{Services, Wiring};
 use osprey_limits::RateLimiter;
+use osprey_services::auth::Authenticator;
+use osprey_services::cache::ResponseCache;
+use osprey_services::config::EdgeConfig;
+use osprey_services::edge::Edge;
 use osprey_store::SharedRedis;
 use osprey_store::{Owner, Store};
 use serde_json::{Value, json};

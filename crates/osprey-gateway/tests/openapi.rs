@@ -5,11 +5,11 @@
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
-use osprey_gateway::auth::Authenticator;
-use osprey_gateway::config::EdgeConfig;
-use osprey_gateway::edge::Edge;
 use osprey_gateway::{Services, Wiring};
 use osprey_limits::RateLimiter;
+use osprey_services::auth::Authenticator;
+use osprey_services::config::EdgeConfig;
+use osprey_services::edge::Edge;
 use serde_json::Value;
 use utoipa::OpenApi;
 

@@ -3,11 +3,11 @@
 //! messages and settings and says which version answered, a split label gives each user one
 //! version for good, and a rollback takes effect at once.
 
-use osprey_gateway::auth::Authenticator;
-use osprey_gateway::config::EdgeConfig;
-use osprey_gateway::edge::Edge;
 use osprey_gateway::{Services, Wiring};
 use osprey_limits::RateLimiter;
+use osprey_services::auth::Authenticator;
+use osprey_services::config::EdgeConfig;
+use osprey_services::edge::Edge;
 use osprey_store::Store;
 use serde_json::{Value, json};
 

@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine as _;
-use osprey_gateway::auth::Authenticator;
-use osprey_gateway::config::{EdgeConfig, TenantConfig};
-use osprey_gateway::edge::Edge;
 use osprey_gateway::{Services, Wiring};
 use osprey_limits::RateLimiter;
+use osprey_services::auth::Authenticator;
+use osprey_services::config::{EdgeConfig, TenantConfig};
+use osprey_services::edge::Edge;
 use osprey_store::NewKey;
 use serde_json::{Value, json};
 

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use osprey_gateway::safety::Policies;
 use osprey_gateway::{Services, Wiring};
 use osprey_policy::Action;
 use osprey_policy::pipeline::{CategoryRule, PolicyConfig};
+use osprey_services::safety::Policies;
 use serde_json::{Value, json};
 
 use crate::common;
@@ -326,10 +326,10 @@ async fn restored_values_reach_only_the_answer() {
 /// `abuse_limit` times is throttled, even for a harmless request; other keys are not.
 #[tokio::test]
 async fn flagged_keys_are_audited_and_throttled() {
-    use osprey_gateway::auth::Authenticator;
-    use osprey_gateway::config::EdgeConfig;
-    use osprey_gateway::edge::Edge;
     use osprey_limits::RateLimiter;
+    use osprey_services::auth::Authenticator;
+    use osprey_services::config::EdgeConfig;
+    use osprey_services::edge::Edge;
     let path = std::env::temp_dir().join(format!("osprey-safety-audit-{}.db", std::process::id()));
     let store = osprey_store::Store::open(&format!("sqlite://{}", path.display()))
         .await

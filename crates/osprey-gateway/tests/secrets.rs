@@ -5,12 +5,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use osprey_gateway::auth::Authenticator;
-use osprey_gateway::config::{EdgeConfig, UpstreamConfig};
-use osprey_gateway::edge::Edge;
 use osprey_gateway::{HttpConfig, Services, Wiring};
 use osprey_limits::RateLimiter;
 use osprey_router::upstream::{Upstream, http_client};
+use osprey_services::auth::Authenticator;
+use osprey_services::config::{EdgeConfig, UpstreamConfig};
+use osprey_services::edge::Edge;
 use reqwest::Method;
 use serde_json::{Value, json};
 

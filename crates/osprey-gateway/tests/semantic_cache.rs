@@ -3,12 +3,12 @@
 //! (streamed too), a different one does not, nor does the same question under another system
 //! prompt or for a tenant without the flag.
 
-use osprey_gateway::auth::Authenticator;
-use osprey_gateway::cache::ResponseCache;
-use osprey_gateway::config::EdgeConfig;
-use osprey_gateway::edge::Edge;
 use osprey_gateway::{Services, Wiring};
 use osprey_limits::RateLimiter;
+use osprey_services::auth::Authenticator;
+use osprey_services::cache::ResponseCache;
+use osprey_services::config::EdgeConfig;
+use osprey_services::edge::Edge;
 use serde_json::{Value, json};
 
 use crate::common;

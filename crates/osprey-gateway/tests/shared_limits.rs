@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use osprey_gateway::config::TenantConfig;
+use osprey_services::config::TenantConfig;
 use reqwest::Method;
 use serde_json::Value;
 

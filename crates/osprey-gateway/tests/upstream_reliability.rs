@@ -136,11 +136,11 @@ async fn a_failing_upstream_gets_a_budget_of_retries_then_an_open_breaker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_model_falls_back_in_order_and_says_so() {
-    use osprey_gateway::auth::Authenticator;
-    use osprey_gateway::config::{EdgeConfig, UpstreamConfig};
-    use osprey_gateway::edge::Edge;
     use osprey_limits::RateLimiter;
     use osprey_router::upstream::{Upstream, check_fallbacks, http_client};
+    use osprey_services::auth::Authenticator;
+    use osprey_services::config::{EdgeConfig, UpstreamConfig};
+    use osprey_services::edge::Edge;
 
     let (down, down_seen) = flaky_upstream(usize::MAX).await;
     let (up, up_seen) = flaky_upstream(0).await;
@@ -221,8 +221,8 @@ async fn a_failed_request_answered_before_gets_that_answer() {
 
 #[test]
 fn a_fallback_must_be_another_served_model() {
-    use osprey_gateway::config::UpstreamConfig;
     use osprey_router::upstream::{Upstream, check_fallbacks, http_client};
+    use osprey_services::config::UpstreamConfig;
     let config = |fallbacks: &[&str]| UpstreamConfig {
         url: "http://127.0.0.1:1/v1".into(),
         api_key_env: None,

@@ -55,8 +55,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
-use osprey_gateway::config::{ConfigTables, TenantConfig, TierConfig, UpstreamConfig};
 use osprey_policy::pipeline::PolicyConfig;
+use osprey_services::config::{ConfigTables, TenantConfig, TierConfig, UpstreamConfig};
 
 use crate::cli::{Cli, Command, ServeArgs};
 

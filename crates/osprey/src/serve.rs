@@ -8,9 +8,6 @@ use osprey_engine::{
     Codec, Engine, EngineConfig, KdaConfig, Prompter, SchedulerConfig, SchedulingPolicy,
     SharedConfig, TierConfig,
 };
-use osprey_gateway::auth::Authenticator;
-use osprey_gateway::config::{AdmissionConfig, DefaultLimits, EdgeConfig, UpstreamConfig};
-use osprey_gateway::edge::Edge;
 use osprey_gateway::{HttpConfig, Services, Wiring};
 use osprey_limits::RateLimiter;
 use osprey_models::DEFAULT_MODEL;
@@ -18,6 +15,9 @@ use osprey_router::select::Policy;
 use osprey_router::tiers::{Tier, Tiers};
 use osprey_router::upstream::Upstream;
 use osprey_router::workers::WorkerPool;
+use osprey_services::auth::Authenticator;
+use osprey_services::config::{AdmissionConfig, DefaultLimits, EdgeConfig, UpstreamConfig};
+use osprey_services::edge::Edge;
 use osprey_store::SharedRedis;
 use osprey_store::Store;
 
@@ -26,7 +26,7 @@ use crate::config::ConfigFile;
 
 pub fn run(args: ServeArgs, file: ConfigFile) -> anyhow::Result<()> {
     if args.no_metrics {
-        osprey_gateway::metrics::disable();
+        osprey_services::metrics::disable();
     }
     let local = match local_model_name(&args) {
         Some(name) => Some((model_path(&args.engine)?, name)),
@@ -144,12 +144,12 @@ pub fn check_default_models(
 
 /// The safety policies of the file's `[policies.NAME]`; every tenant's `policy` must name one
 /// (or `standard`).
-pub fn policies(file: &ConfigFile) -> anyhow::Result<osprey_gateway::safety::Policies> {
+pub fn policies(file: &ConfigFile) -> anyhow::Result<osprey_services::safety::Policies> {
     for (name, p) in &file.policies {
         p.validate()
             .map_err(|e| anyhow::anyhow!("[policies.{name}]: {e}"))?;
     }
-    let policies = osprey_gateway::safety::Policies::new(file.policies.clone());
+    let policies = osprey_services::safety::Policies::new(file.policies.clone());
     for (tenant, t) in &file.tenants {
         if let Some(p) = &t.policy {
             anyhow::ensure!(
@@ -343,8 +343,8 @@ async fn serve(
         policies: Some(policies),
         response_cache: match (redis, args.no_response_cache) {
             (_, true) => None,
-            (Some(redis), false) => Some(osprey_gateway::cache::ResponseCache::redis(redis)),
-            (None, false) => Some(osprey_gateway::cache::ResponseCache::memory()),
+            (Some(redis), false) => Some(osprey_services::cache::ResponseCache::redis(redis)),
+            (None, false) => Some(osprey_services::cache::ResponseCache::memory()),
         },
         store: Some(store),
         library: osprey_rag::Library::at_home(),

@@ -45,7 +45,7 @@ pub fn init(format: &str, otlp: Option<&str>, sample: f64) -> anyhow::Result<Tel
         Some(endpoint) => Some(
             std::thread::scope(|s| {
                 s.spawn(|| {
-                    osprey_gateway::telemetry::lower_thread_priority();
+                    osprey_services::telemetry::lower_thread_priority();
                     provider(endpoint, sample)
                 })
                 .join()

@@ -42,7 +42,7 @@ pub fn run(args: UsersArgs) -> anyhow::Result<()> {
         let d = store.delete_user(&owner).await?;
         let cached = match redis {
             Some(url) => {
-                let cache = osprey_gateway::cache::ResponseCache::redis(
+                let cache = osprey_services::cache::ResponseCache::redis(
                     osprey_store::SharedRedis::open(&url)?,
                 );
                 cache.forget(&owner).await?

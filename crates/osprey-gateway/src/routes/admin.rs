@@ -18,8 +18,8 @@ use osprey_core::{Error, ErrorKind};
 use osprey_store::{KeyRecord, NewKey};
 use serde::Deserialize;
 
-use crate::error::ApiError;
-use crate::state::Services;
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 /// The admin routes, each behind [`admin_only`]; with `faults`, the fault-injection route too.
 pub fn router(state: Services, faults: bool) -> Router<Services> {
@@ -53,7 +53,7 @@ async fn admin_only(State(state): State<Services>, req: Request, next: Next) -> 
         );
         return ApiError(e).into_response();
     };
-    match crate::auth::presented_key(req.headers()) {
+    match osprey_services::auth::presented_key(req.headers()) {
         Some(k) if constant_time_eq(k.as_bytes(), admin_key.as_bytes()) => next.run(req).await,
         _ => ApiError(
             Error::new(

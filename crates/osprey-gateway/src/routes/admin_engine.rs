@@ -12,8 +12,8 @@ use osprey_engine::{Engine, SchedulingPolicy};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::error::ApiError;
-use crate::state::Services;
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 pub fn routes() -> Router<Services> {
     Router::new().route("/admin/scheduler", get(show).put(switch))

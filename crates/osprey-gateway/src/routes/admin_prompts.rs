@@ -19,8 +19,8 @@ use osprey_core::{Error, ErrorKind};
 use osprey_store::{Split, Store};
 use serde_json::{Value, json};
 
-use crate::error::ApiError;
-use crate::state::Services;
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 /// The routes (the caller puts them behind the admin key).
 pub fn routes() -> Router<Services> {

@@ -14,8 +14,8 @@ use osprey_store::{RequestLogEntry, RequestLogQuery};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::error::ApiError;
-use crate::state::Services;
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 /// The routes (behind the admin key).
 pub fn routes() -> Router<Services> {

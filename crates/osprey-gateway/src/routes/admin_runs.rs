@@ -14,9 +14,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::responses::{decide, list_json, runs_page, steps_json};
-use crate::agent::runner;
-use crate::error::ApiError;
-use crate::state::Services;
+use osprey_services::agent::runner;
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 /// The routes (behind the admin key).
 pub fn routes() -> Router<Services> {

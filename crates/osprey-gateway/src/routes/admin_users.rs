@@ -13,8 +13,8 @@ use osprey_core::{Error, ErrorKind};
 use osprey_store::Owner;
 use serde_json::{Value, json};
 
-use crate::error::ApiError;
-use crate::state::Services;
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 /// The routes (behind the admin key).
 pub fn routes() -> Router<Services> {

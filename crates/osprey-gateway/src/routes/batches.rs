@@ -18,9 +18,9 @@ use osprey_core::{Error, ErrorKind};
 use osprey_store::{BatchRecord, FileRecord, Store, StoreError};
 use serde_json::{Value, json};
 
-use crate::edge::{Admitted, Caller};
-use crate::error::ApiError;
-use crate::state::Services;
+use osprey_services::edge::{Admitted, Caller};
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 /// The endpoints a batch may target.
 const ENDPOINTS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];

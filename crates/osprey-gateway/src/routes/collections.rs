@@ -11,7 +11,7 @@
 //! | `DELETE /v1/collections/{name}` | deletes the collection |
 //!
 //! What a caller may read is decided by its groups (the tenant's and its key's,
-//! [`crate::edge::Caller::groups`]), never by the request: a document ingested with `acl`
+//! [`osprey_services::edge::Caller::groups`]), never by the request: a document ingested with `acl`
 //! groups is invisible to everyone outside them, in search results, listings and deletes.
 
 use axum::Router;
@@ -27,10 +27,10 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::conversations::parse;
-use crate::edge::Caller;
-use crate::error::ApiError;
-use crate::rag::{collection, rag_error, search};
-use crate::state::Services;
+use osprey_services::edge::Caller;
+use osprey_services::error::ApiError;
+use osprey_services::rag::{collection, rag_error, search};
+use osprey_services::state::Services;
 
 /// Documents one request may post.
 const MAX_DOCUMENTS: usize = 10_000;

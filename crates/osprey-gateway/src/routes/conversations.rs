@@ -17,9 +17,9 @@ use osprey_store::{ConversationRecord, ItemPage, ItemRecord, NewItem, Owner, Sto
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::edge::Caller;
-use crate::error::ApiError;
-use crate::state::Services;
+use osprey_services::edge::Caller;
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 /// Items one request may add (OpenAI's limit).
 pub const MAX_ITEMS_PER_REQUEST: usize = 20;

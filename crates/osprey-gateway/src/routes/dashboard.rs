@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::state::Services;
+use osprey_services::state::Services;
 
 const PAGE: &str = include_str!("../../assets/dashboard.html");
 

@@ -14,8 +14,8 @@ use osprey_models::fetch::MINILM_WEIGHTS;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::error::ApiError;
-use crate::state::Services;
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 /// Inputs one request may embed.
 const MAX_INPUTS: usize = 2048;

@@ -6,7 +6,7 @@
 use axum::Router;
 use axum::routing::post;
 
-use crate::state::Services;
+use osprey_services::state::Services;
 
 /// The fault-injection routes.
 pub fn routes() -> Router<Services> {

@@ -4,7 +4,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 
-use crate::state::Services;
+use osprey_services::state::Services;
 
 /// Liveness: the process answers.
 #[utoipa::path(
@@ -93,12 +93,12 @@ pub async fn ready(State(state): State<Services>) -> impl IntoResponse {
     )
 )]
 pub async fn metrics(State(state): State<Services>) -> axum::response::Response {
-    let Some(handle) = crate::metrics::install() else {
+    let Some(handle) = osprey_services::metrics::install() else {
         let off = osprey_core::Error::new(
             osprey_core::ErrorKind::NotFound,
             "Metrics are off (--no-metrics).",
         );
-        return crate::error::ApiError(off).into_response();
+        return osprey_services::error::ApiError(off).into_response();
     };
     // Staleness is read when scraped: it grows with time, not with events.
     let library = state.library().clone();

@@ -23,9 +23,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::conversations::{parse, store};
-use crate::edge::Caller;
-use crate::error::ApiError;
-use crate::state::Services;
+use osprey_services::edge::Caller;
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 /// Characters a fact may have.
 const MAX_FACT_CHARS: usize = 1000;

@@ -29,12 +29,14 @@ use axum::routing::{get, post};
 use osprey_core::api::{ChatCompletionRequest, CompletionRequest, JsonBody};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::edge::{Admitted, EdgeLayer};
-use crate::error::{ApiError, not_found, panic_response};
-use crate::pipeline::{self, CHAT_PATH, COMPLETIONS_PATH};
-use crate::replay;
-pub use crate::sse::FINGERPRINT;
-use crate::state::Services;
+use crate::edge::EdgeLayer;
+use crate::error::{not_found, panic_response};
+use osprey_services::edge::Admitted;
+use osprey_services::error::ApiError;
+use osprey_services::pipeline::{self, CHAT_PATH, COMPLETIONS_PATH};
+use osprey_services::replay;
+pub use osprey_services::sse::FINGERPRINT;
+use osprey_services::state::Services;
 
 /// Settings of the HTTP layer.
 #[derive(Clone, Debug)]
@@ -117,8 +119,8 @@ fn finish(routes: Router<Services>, state: Services, config: &HttpConfig) -> Rou
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(axum::middleware::from_fn(crate::error::enveloped))
-        .layer(axum::middleware::from_fn(crate::telemetry::trace))
-        .layer(axum::middleware::from_fn(crate::metrics::track))
+        .layer(axum::middleware::from_fn(osprey_services::telemetry::trace))
+        .layer(axum::middleware::from_fn(osprey_services::metrics::track))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .layer(CatchPanicLayer::custom(panic_response))
 }
@@ -161,7 +163,7 @@ pub(crate) async fn generate_for(
     );
     if let (Some(_), Ok(body)) = (state.request_log(), &body) {
         let rate = caller.tenant.log_text_sample_rate;
-        crate::request_log::sample_prompt(rate, body, &caller.record);
+        osprey_services::request_log::sample_prompt(rate, body, &caller.record);
     }
     let scope = &caller.tenant.cache_salt;
     let key =
@@ -185,10 +187,17 @@ pub(crate) async fn generate_for(
     if let Some(log) = state.request_log() {
         let model = model.as_deref().unwrap_or_default();
         let id = headers.get(osprey_router::upstream::REQUEST_ID);
-        let entry =
-            crate::request_log::entry(&caller, (endpoint, model), id, started, &mut response);
+        let entry = osprey_services::request_log::entry(
+            &caller,
+            (endpoint, model),
+            id,
+            started,
+            &mut response,
+        );
         let log = log.clone();
-        response = crate::request_log::attach(log, entry, caller, usage, started, response).await;
+        response =
+            osprey_services::request_log::attach(log, entry, caller, usage, started, response)
+                .await;
     }
     response
 }
@@ -261,7 +270,7 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
         "method",
         format!("{method} is not allowed on {}.", uri.path()),
     );
-    let mut r = crate::error::ApiError(e).into_response();
+    let mut r = osprey_services::error::ApiError(e).into_response();
     *r.status_mut() = axum::http::StatusCode::METHOD_NOT_ALLOWED;
     r
 }

@@ -5,8 +5,8 @@ use axum::extract::{Path, State};
 use osprey_core::Error;
 use osprey_core::api::{ModelCard, ModelList};
 
-use crate::error::ApiError;
-use crate::state::Services;
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 fn cards(state: &Services) -> Vec<ModelCard> {
     let local = state.model_name().map(|name| ModelCard {

@@ -11,10 +11,10 @@ use osprey_core::Error;
 use osprey_policy::{Category, Source};
 use serde_json::{Value, json};
 
-use crate::edge::Caller;
-use crate::error::ApiError;
-use crate::safety::action_name;
-use crate::state::Services;
+use osprey_services::edge::Caller;
+use osprey_services::error::ApiError;
+use osprey_services::safety::action_name;
+use osprey_services::state::Services;
 
 /// The model name moderation results carry.
 pub const MODEL: &str = "osprey-guard-1";
@@ -65,7 +65,7 @@ pub async fn create(
     if inputs.len() > 256 {
         return Err(Error::invalid("input", "At most 256 inputs per request.").into());
     }
-    let standard = crate::safety::Policies::default();
+    let standard = osprey_services::safety::Policies::default();
     let policies = state.policies().unwrap_or(&standard);
     let pipeline = policies.get(caller.tenant.policy.as_deref());
     let results: Vec<Value> = inputs
@@ -102,7 +102,7 @@ pub async fn create(
         })
         .collect();
     Ok(Json(json!({
-        "id": crate::sse::new_id("modr"),
+        "id": osprey_services::sse::new_id("modr"),
         "model": MODEL,
         "results": results,
     })))

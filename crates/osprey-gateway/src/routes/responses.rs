@@ -18,12 +18,12 @@ use osprey_core::{Error, ErrorKind};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::agent::runner;
-use crate::edge::{Admitted, Caller};
-use crate::error::ApiError;
-use crate::state::Services;
 use osprey_agent::responses::ResponsesRequest;
 use osprey_agent::responses::runner::Stored;
+use osprey_services::agent::runner;
+use osprey_services::edge::{Admitted, Caller};
+use osprey_services::error::ApiError;
+use osprey_services::state::Services;
 
 /// The routes besides `POST /v1/responses` (behind authentication).
 pub fn routes() -> Router<Services> {

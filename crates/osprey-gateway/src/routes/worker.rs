@@ -16,13 +16,13 @@ use osprey_core::{Error, ErrorKind, Priority};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{generate_for, models};
-use crate::edge::Admitted;
-use crate::error::ApiError;
-use crate::sse::{async_stream, stream_response};
-use crate::state::Services;
 use osprey_router::workers::protocol::{
     CACHE_SALT, HEARTBEAT, KvBatch, LOAD_INTERVAL, Load, PRIORITY, Snapshot,
 };
+use osprey_services::edge::Admitted;
+use osprey_services::error::ApiError;
+use osprey_services::sse::{async_stream, stream_response};
+use osprey_services::state::Services;
 
 /// The worker's own routes (health, readiness and metrics are added by the caller).
 pub fn routes() -> Router<Services> {
