@@ -19,6 +19,12 @@ mod worker;
 
 use clap::{CommandFactory, FromArgMatches};
 
+/// mimalloc instead of glibc's malloc: a request through the gateway allocates and frees many
+/// small values on two runtime threads, and glibc's arenas spent about 15% of the gateway's CPU
+/// on it (docs/benchmarks.md, workload G).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     // Errors are for people: the message and its causes, never a backtrace dump.
     match run() {
