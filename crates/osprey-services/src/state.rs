@@ -292,7 +292,7 @@ impl Services {
         self.inner.response_cache.as_ref()
     }
 
-    /// The feature flags of `tenant` now (see [`crate::flags`]).
+    /// The feature flags of `tenant` now (see [`osprey_store::tenant_flags`]).
     pub async fn flags(&self, tenant: &str) -> osprey_store::tenant_flags::TenantFlags {
         let store = self.audit_store();
         self.inner.flags.of(store.as_ref(), tenant).await
