@@ -84,9 +84,12 @@ pub enum ConfigCommand {
 /// `osprey models ...`
 #[derive(Subcommand, Debug)]
 pub enum ModelsCommand {
-    /// Download the default model into $OSPREY_HOME/models (verified by SHA-256).
-    Fetch,
-    /// List the models in $OSPREY_HOME/models.
+    /// Download a model of the catalog into $OSPREY_HOME/models (verified by SHA-256).
+    Fetch {
+        /// The model's name (`osprey models list` shows them; default: the default model).
+        name: Option<String>,
+    },
+    /// List the models Osprey can fetch, and the files in $OSPREY_HOME/models.
     List,
 }
 
@@ -223,7 +226,8 @@ impl TlsArgs {
 /// The engine's options, shared by `osprey serve` and `osprey worker`.
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// A Llama-family GGUF file to serve (default: SmolLM2-135M-Instruct, fetched on first use).
+    /// The model to serve: a GGUF file, or a name from `osprey models list`, fetched on first use
+    /// (default: smollm2-135m-instruct).
     #[arg(long, env = "OSPREY_MODEL")]
     pub model: Option<PathBuf>,
     /// Name clients put in `model` (default: the model's file name, or `smollm2-135m-instruct`).

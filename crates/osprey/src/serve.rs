@@ -1,6 +1,6 @@
 //! `osprey serve`: load the model in the background, answer HTTP at once.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -11,6 +11,8 @@ use osprey_engine::{
 use osprey_gateway::{HttpConfig, Services, Wiring};
 use osprey_limits::RateLimiter;
 use osprey_models::DEFAULT_MODEL;
+
+use crate::models::ModelArg;
 use osprey_router::select::Policy;
 use osprey_router::tiers::{Tier, Tiers};
 use osprey_router::upstream::Upstream;
@@ -257,17 +259,20 @@ pub fn local_model_name(args: &ServeArgs) -> Option<String> {
 
 /// The name the model of `args` is served under.
 pub fn served_name(args: &EngineArgs) -> String {
-    let default = match &args.model {
-        Some(p) => model_name_from_path(p),
+    let default = match args.model.as_deref().map(ModelArg::parse) {
+        Some(Ok(ModelArg::Catalog(source))) => source.served_name.to_owned(),
+        Some(_) => model_name_from_path(args.model.as_deref().unwrap_or(Path::new("model"))),
         None => DEFAULT_MODEL.served_name.to_owned(),
     };
     args.served_model_name.clone().unwrap_or(default)
 }
 
-/// The model file of `args`: `--model`, or the default model, fetched if needed.
+/// The model file of `args`: `--model`'s file or catalog model, or the default model, fetched
+/// if needed.
 pub fn model_path(args: &EngineArgs) -> anyhow::Result<PathBuf> {
-    match &args.model {
-        Some(p) => Ok(p.clone()),
+    match args.model.as_deref().map(ModelArg::parse).transpose()? {
+        Some(ModelArg::File(path)) => Ok(path.to_owned()),
+        Some(ModelArg::Catalog(source)) => crate::models::fetch_model(source),
         None => crate::models::fetch_default(),
     }
 }

@@ -15,6 +15,7 @@ mod durability;
 mod eval;
 mod fleet;
 mod fuzz_corpus;
+mod models_cli;
 mod openai_client;
 mod prompts_cli;
 mod traces;
