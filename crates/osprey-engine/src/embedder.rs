@@ -22,6 +22,14 @@ pub const MAX_TOKENS: usize = 256;
 pub const BATCH: usize = 4;
 /// Width of an embedding.
 pub const DIMENSIONS: usize = 384;
+/// The id the embedder is served and listed under.
+pub const MODEL_ID: &str = MINILM_WEIGHTS.served_name;
+
+/// Whether `model` names the embedder: its id, or the id in lower case (the spelling it
+/// answered to first).
+pub fn is_model_id(model: &str) -> bool {
+    model == MODEL_ID || model == MODEL_ID.to_ascii_lowercase()
+}
 
 /// Why the embedder could not be had.
 #[derive(Debug, thiserror::Error)]

@@ -9,8 +9,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use base64::Engine as _;
 use osprey_core::{Error, ErrorKind};
-use osprey_engine::embedder::{DIMENSIONS, MAX_TOKENS};
-use osprey_models::fetch::MINILM_WEIGHTS;
+use osprey_engine::embedder::{self, DIMENSIONS, MAX_TOKENS};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -56,8 +55,8 @@ struct EmbeddingRequest {
 pub async fn create(State(state): State<Services>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let req: EmbeddingRequest = serde_json::from_slice(&body)
         .map_err(|e| Error::invalid("body", format!("Invalid request body: {e}")))?;
-    let model = MINILM_WEIGHTS.served_name;
-    if let Some(asked) = req.model.as_deref().filter(|m| *m != model) {
+    let model = embedder::MODEL_ID;
+    if let Some(asked) = req.model.as_deref().filter(|m| !embedder::is_model_id(m)) {
         return Err(Error::new(
             ErrorKind::NotFound,
             format!(

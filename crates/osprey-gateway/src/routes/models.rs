@@ -37,15 +37,25 @@ fn cards(state: &Services) -> Vec<ModelCard> {
         owned_by: "osprey-router".into(),
         max_model_len: None,
     });
+    // `/v1/embeddings` answers for it, wherever the chat models come from.
+    let embedder = ModelCard {
+        id: osprey_engine::embedder::MODEL_ID.to_owned(),
+        object: "model".into(),
+        created: state.created(),
+        owned_by: "osprey".into(),
+        max_model_len: Some(osprey_engine::embedder::MAX_TOKENS),
+    };
     local
         .into_iter()
         .chain(pool)
         .chain(upstreams)
         .chain(auto)
+        .chain([embedder])
         .collect()
 }
 
-/// The served models: the local one (or the workers'), and every upstream.
+/// The served models: the local one (or the workers'), every upstream, `auto` with tiers, and
+/// the embedding model.
 #[utoipa::path(
     get,
     path = "/v1/models",
@@ -82,6 +92,10 @@ pub async fn get(
     State(state): State<Services>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
+    let id = match osprey_engine::embedder::is_model_id(&id) {
+        true => osprey_engine::embedder::MODEL_ID.to_owned(),
+        false => id,
+    };
     cards(&state)
         .into_iter()
         .find(|c| c.id == id)
