@@ -1,11 +1,16 @@
-//! The shape of a Llama-family model, read from GGUF metadata.
+//! The shape of a model and what sets its family apart, read from GGUF metadata.
+//!
+//! A family is data: [`Family`] says where the norms are, whether Q and K are normed, the MLP's
+//! activation, biases, the embedding scale, a logit cap and which layers attend through a
+//! sliding window with which RoPE base. The forward pass reads it and never the family's name,
+//! so a new family is a new arm of [`ModelConfig::from_gguf`].
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
-/// Which Llama-family layout the file uses; they differ only in details.
+/// The GGUF architecture (`general.architecture`) a model was read as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Arch {
@@ -15,6 +20,101 @@ pub enum Arch {
     Mistral,
     /// Qwen2 and Qwen2.5: biases on Q/K/V, NeoX-style rotary embedding.
     Qwen2,
+    /// Gemma 3: pre- and post-norms, normed Q and K, GeGLU, scaled embeddings, five local
+    /// (sliding-window) layers to one global.
+    Gemma3,
+}
+
+impl Arch {
+    /// Every architecture Osprey runs, by its GGUF name.
+    pub const ALL: [Self; 4] = [Self::Llama, Self::Mistral, Self::Qwen2, Self::Gemma3];
+
+    /// The GGUF name (`general.architecture`).
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Mistral => "mistral",
+            Self::Qwen2 => "qwen2",
+            Self::Gemma3 => "gemma3",
+        }
+    }
+
+    /// The architecture called `name` in GGUF metadata.
+    pub fn from_gguf_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.gguf_name() == name)
+    }
+
+    /// The GGUF names of every architecture, comma-separated, for error messages.
+    pub fn names() -> String {
+        let names: Vec<&str> = Self::ALL.iter().map(|a| a.gguf_name()).collect();
+        names.join(", ")
+    }
+}
+
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// SwiGLU: `silu(gate) · up` (Llama, Mistral, Qwen).
+    #[default]
+    Silu,
+    /// GeGLU with the tanh approximation of GELU: `gelu_tanh(gate) · up` (Gemma).
+    GeluTanh,
+}
+
+/// Sliding-window attention on some layers.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SlidingWindow {
+    /// Positions a local layer's query sees, its own included.
+    pub size: usize,
+    /// Every `period`-th layer (counting from 1) is global, the others local; 0 makes every
+    /// layer local.
+    pub period: usize,
+    /// RoPE base of the local layers (global layers use [`RopeConfig::base`], scaled).
+    pub local_rope_base: f32,
+}
+
+/// What sets a family's layers apart from Llama's. The default is Llama.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Family {
+    /// Biases on the Q, K and V projections.
+    pub qkv_bias: bool,
+    /// RMSNorm over each head of Q and of K before RoPE (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// RMSNorm of attention's and the MLP's outputs before each joins the residual stream
+    /// (`post_attention_norm`, `post_ffw_norm`), besides the norms before them.
+    pub post_norms: bool,
+    /// The MLP's gate activation.
+    pub activation: Activation,
+    /// Embeddings are multiplied by this as they are read.
+    pub embed_scale: f32,
+    /// Logits squashed into `±cap` by `cap · tanh(x / cap)`.
+    pub logit_softcap: Option<f32>,
+    /// Layers that attend through a sliding window.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+impl Default for Family {
+    fn default() -> Self {
+        Self {
+            qkv_bias: false,
+            qk_norm: false,
+            post_norms: false,
+            activation: Activation::Silu,
+            embed_scale: 1.0,
+            logit_softcap: None,
+            sliding_window: None,
+        }
+    }
+}
+
+/// How one layer attends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerAttention {
+    /// Positions a query sees, its own included; `None` sees the whole sequence.
+    pub window: Option<usize>,
+    /// Whether the layer rotates with the local RoPE base.
+    pub local_rope: bool,
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
@@ -69,18 +169,17 @@ pub struct ModelConfig {
     pub rms_eps: f32,
     /// Rotary embedding.
     pub rope: RopeConfig,
+    /// What sets the family apart (Llama's when absent from a checkpoint's config).
+    #[serde(default)]
+    pub family: Family,
 }
 
 impl ModelConfig {
     /// Reads the configuration of a Llama-family model from GGUF metadata.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
         let arch_name = gguf.str("general.architecture")?;
-        let arch = match arch_name {
-            "llama" => Arch::Llama,
-            "mistral" => Arch::Mistral,
-            "qwen2" => Arch::Qwen2,
-            other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
-        };
+        let arch = Arch::from_gguf_name(arch_name)
+            .ok_or_else(|| ModelError::UnsupportedArchitecture(arch_name.to_owned()))?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let usize_key = |k: &str| gguf.uint(&key(k)).map(|v| v as usize);
         let n_heads = usize_key("attention.head_count")?;
@@ -133,11 +232,32 @@ impl ModelConfig {
                     .opt_uint(&key("rope.dimension_count"))?
                     .map_or(head_dim, |v| v as usize),
                 style: match arch {
-                    Arch::Qwen2 => RopeStyle::Neox,
+                    Arch::Qwen2 | Arch::Gemma3 => RopeStyle::Neox,
                     Arch::Llama | Arch::Mistral => RopeStyle::Interleaved,
                 },
                 linear_factor,
                 freq_factors: None,
+            },
+            family: match arch {
+                Arch::Llama | Arch::Mistral => Family::default(),
+                Arch::Qwen2 => Family {
+                    qkv_bias: true,
+                    ..Family::default()
+                },
+                // As llama.cpp reads it: five local layers to one global, and local layers
+                // rotate with base 10,000 (neither is in the file).
+                Arch::Gemma3 => Family {
+                    qk_norm: true,
+                    post_norms: true,
+                    activation: Activation::GeluTanh,
+                    embed_scale: (d_model as f32).sqrt(),
+                    sliding_window: Some(SlidingWindow {
+                        size: usize_key("attention.sliding_window")?,
+                        period: 6,
+                        local_rope_base: 10_000.0,
+                    }),
+                    ..Family::default()
+                },
             },
         };
         config.validate()?;
@@ -167,15 +287,39 @@ impl ModelConfig {
         if !self.rope.dims.is_multiple_of(2) || self.context_length == 0 {
             return bad("rope.dimension_count must be even and context_length > 0");
         }
+        if self.family.sliding_window.is_some_and(|w| w.size == 0) {
+            return bad("attention.sliding_window must be > 0");
+        }
         Ok(())
     }
 
     fn arch_key(&self) -> &'static str {
-        match self.arch {
-            Arch::Llama => "llama",
-            Arch::Mistral => "mistral",
-            Arch::Qwen2 => "qwen2",
+        self.arch.gguf_name()
+    }
+
+    /// How layer `l` attends: through the window or over everything, and with which RoPE.
+    pub fn layer_attention(&self, l: usize) -> LayerAttention {
+        match self.family.sliding_window {
+            Some(w) if w.period == 0 || !(l + 1).is_multiple_of(w.period) => LayerAttention {
+                window: Some(w.size),
+                local_rope: true,
+            },
+            _ => LayerAttention {
+                window: None,
+                local_rope: false,
+            },
         }
+    }
+
+    /// The rotary embedding of the local (sliding-window) layers: the local base, unscaled.
+    pub fn local_rope(&self) -> Option<RopeConfig> {
+        let w = self.family.sliding_window?;
+        Some(RopeConfig {
+            base: w.local_rope_base,
+            linear_factor: 1.0,
+            freq_factors: None,
+            ..self.rope.clone()
+        })
     }
 
     /// Width of the fused Q, K and V projection output.

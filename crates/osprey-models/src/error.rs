@@ -28,7 +28,7 @@ pub enum ModelError {
         key: String,
     },
     /// The model's architecture is not one Osprey implements.
-    #[error("unsupported model architecture `{0}` (supported: llama, mistral, qwen2)")]
+    #[error("unsupported model architecture `{0}` (supported: {families})", families = crate::config::Arch::names())]
     UnsupportedArchitecture(String),
     /// A tensor has a storage type Osprey has no kernel for.
     #[error(

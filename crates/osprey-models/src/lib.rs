@@ -2,7 +2,8 @@
 //!
 //! `osprey-models` turns a model file into something that computes logits. It owns:
 //! - [`gguf::GgufFile`]: a memory-mapped GGUF file with typed metadata accessors;
-//! - [`config::ModelConfig`]: the shape of a Llama-family model (Llama, SmolLM, Mistral, Qwen2);
+//! - [`config::ModelConfig`]: the shape of a model, and its [`config::Family`] as data (Llama,
+//!   SmolLM, Mistral, Qwen2, Gemma 3);
 //! - [`checkpoint::Checkpoint`]: a sharded safetensors checkpoint (MXFP4 or other formats),
 //!   validated and mapped in parallel; [`checkpoint::write`] writes one;
 //! - [`source::WeightSource`]: the tensors of either, behind one interface;
@@ -46,7 +47,9 @@ pub mod transformer;
 
 pub use batch::{BatchSeq, ForwardBatch, LogitsWanted};
 pub use checkpoint::Checkpoint;
-pub use config::{Arch, ModelConfig, RopeConfig, RopeStyle};
+pub use config::{
+    Activation, Arch, Family, LayerAttention, ModelConfig, RopeConfig, RopeStyle, SlidingWindow,
+};
 pub use error::{ModelError, Result};
 pub use fetch::{DEFAULT_MODEL, ModelSource, fetch, osprey_home};
 pub use gguf::GgufFile;

@@ -1,6 +1,8 @@
 //! The transformer: RMSNorm, RoPE, grouped-query attention, and per layer either the dense
-//! SwiGLU MLP (the Llama family) or a LatentMoE, with an optional attention residual (the k3
-//! family, [`crate::k3`]).
+//! gated MLP or a LatentMoE, with an optional attention residual (the k3 family,
+//! [`crate::k3`]). What differs between families (QKV biases, normed Q and K, post-norms, the
+//! MLP's activation, the embedding scale, sliding windows and their RoPE, a logit cap) is read
+//! from the config's [`crate::config::Family`], never from the family's name.
 //!
 //! One forward pass computes any mix of sequences at different positions (prefill chunks and
 //! single decode tokens together): matmuls see all tokens as one matrix, attention runs per
@@ -10,14 +12,16 @@ use rayon::prelude::*;
 
 use crate::batch::{ForwardBatch, LogitsWanted};
 use crate::checkpoint::Checkpoint;
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::k3::{AttnResConfig, K3Config, LatentMoe, MoeScratch};
 use crate::kernels::attention::{AttentionSeq, AttentionShape, attention};
 use crate::kernels::heat::block_mass;
 use crate::kernels::matmul::QMatrix;
-use crate::kernels::ops::{RopeTable, add_assign, add_bias, rms_norm, swiglu};
+use crate::kernels::ops::{
+    RopeTable, add_assign, add_bias, geglu, rms_norm, rms_norm_in_place, softcap, swiglu,
+};
 use crate::kv_cache::KvCache;
 use crate::source::{WeightSource, matrix};
 
@@ -37,9 +41,15 @@ struct Layer {
     /// Q, K and V projections, outputs side by side.
     qkv: Projection,
     qkv_bias: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights of Q and of K (`head_dim` each), when the family norms them.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     wo: QMatrix,
+    /// RMSNorm of attention's output before the residual, when the family has post-norms.
+    post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     mlp: Mlp,
+    /// RMSNorm of the MLP's output before the residual, when the family has post-norms.
+    post_ffn_norm: Option<Vec<f32>>,
     attn_res: Option<AttnResConfig>,
 }
 
@@ -333,6 +343,9 @@ impl Transformer {
             self.embed
                 .row_to_f32(tok as usize, &mut s.x[i * d..(i + 1) * d]);
         }
+        if c.family.embed_scale != 1.0 {
+            s.x.iter_mut().for_each(|v| *v *= c.family.embed_scale);
+        }
 
         let mut attn_seqs = Vec::with_capacity(batch.seqs.len());
         let mut row_seq = Vec::with_capacity(t);
@@ -348,12 +361,9 @@ impl Transformer {
             first_row += seq.n_tokens;
         }
         assert_eq!(first_row, t, "sequence lengths do not add up to the batch");
-        let rope = RopeTable::new(&c.rope, row_seq.iter().map(|&(_, pos)| pos));
-        let shape = AttentionShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: hd,
-        };
+        let positions = || row_seq.iter().map(|&(_, pos)| pos);
+        let rope = RopeTable::new(&c.rope, positions());
+        let local_rope = c.local_rope().map(|r| RopeTable::new(&r, positions()));
 
         s.xn.resize(t * d, 0.0);
         s.qkv.resize(t * qkv_dim, 0.0);
@@ -387,9 +397,24 @@ impl Transformer {
             if let Some(bias) = &layer.qkv_bias {
                 add_bias(&mut s.qkv, bias);
             }
+            let how = c.layer_attention(l);
+            let rope = match how.local_rope {
+                true => local_rope.as_ref().unwrap_or(&rope),
+                false => &rope,
+            };
+            let shape = AttentionShape {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                window: how.window,
+            };
             for (i, row) in s.qkv.chunks_exact_mut(qkv_dim).enumerate() {
                 let (q, rest) = row.split_at_mut(q_dim);
                 let (k, v) = rest.split_at_mut(kv_dim);
+                if let Some((q_norm, k_norm)) = &layer.qk_norm {
+                    rms_norm_in_place(q, q_norm, c.rms_eps);
+                    rms_norm_in_place(k, k_norm, c.rms_eps);
+                }
                 rope.apply(c.rope.style, i, hd, q);
                 rope.apply(c.rope.style, i, hd, k);
                 let (seq, pos) = row_seq[i];
@@ -400,6 +425,9 @@ impl Transformer {
             }
             attention(shape, &s.qkv, qkv_dim, kv, l, &attn_seqs, &mut s.attn);
             layer.wo.matmul(&s.attn, &mut s.tmp);
+            if let Some(norm) = &layer.post_attn_norm {
+                rms_norm_in_place(&mut s.tmp, norm, c.rms_eps);
+            }
             add_assign(&mut s.x, &s.tmp);
 
             rms_norm(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.xn);
@@ -417,7 +445,10 @@ impl Transformer {
                     s.gate_up.resize(t * 2 * c.ffn_dim, 0.0);
                     s.ffn.resize(t * c.ffn_dim, 0.0);
                     gate_up.matmul(&s.xn, &mut s.gate_up, &mut s.split_tmp);
-                    swiglu(&s.gate_up, c.ffn_dim, &mut s.ffn);
+                    match c.family.activation {
+                        Activation::Silu => swiglu(&s.gate_up, c.ffn_dim, &mut s.ffn),
+                        Activation::GeluTanh => geglu(&s.gate_up, c.ffn_dim, &mut s.ffn),
+                    }
                     down.matmul(&s.ffn, &mut s.tmp);
                 }
                 Mlp::LatentMoe(moe) => {
@@ -429,6 +460,9 @@ impl Transformer {
                         .push((moe.config().experts, moe.config().top_k));
                     moe_index += 1;
                 }
+            }
+            if let Some(norm) = &layer.post_ffn_norm {
+                rms_norm_in_place(&mut s.tmp, norm, c.rms_eps);
             }
             add_assign(&mut s.x, &s.tmp);
         }
@@ -451,6 +485,9 @@ impl Transformer {
         s.logits.resize(n * c.vocab_size, 0.0);
         let lm_head = self.output.as_ref().unwrap_or(&self.embed);
         lm_head.matmul(&s.xn[..n * d], &mut s.logits);
+        if let Some(cap) = c.family.logit_softcap {
+            softcap(&mut s.logits, cap);
+        }
         &mut s.logits
     }
 }
@@ -496,7 +533,8 @@ impl Transformer {
     }
 }
 
-/// Layer `l`: attention as in Llama, then the dense MLP or, when `plan` says so, a LatentMoE.
+/// Layer `l`: attention, then the dense MLP or, when `plan` says so, a LatentMoE, with the
+/// family's extra tensors (biases, Q/K norms, post-norms).
 fn load_layer(
     src: &dyn WeightSource,
     c: &ModelConfig,
@@ -507,7 +545,7 @@ fn load_layer(
     let n = |s: &str| format!("blk.{l}.{s}");
     let qkv_rows = [c.n_heads * hd, c.n_kv_heads * hd, c.n_kv_heads * hd];
     let qkv_names = [n("attn_q.weight"), n("attn_k.weight"), n("attn_v.weight")];
-    let qkv_bias = if c.arch == Arch::Qwen2 {
+    let qkv_bias = if c.family.qkv_bias {
         let parts = [n("attn_q.bias"), n("attn_k.bias"), n("attn_v.bias")]
             .iter()
             .zip(qkv_rows)
@@ -529,13 +567,29 @@ fn load_layer(
             down: src.matrix(&n("ffn_down.weight"), d, c.ffn_dim)?,
         },
     };
+    let qk_norm = match c.family.qk_norm {
+        true => Some((
+            src.vector(&n("attn_q_norm.weight"), hd)?,
+            src.vector(&n("attn_k_norm.weight"), hd)?,
+        )),
+        false => None,
+    };
+    let post_norm = |name: &str| -> Result<Option<Vec<f32>>> {
+        c.family
+            .post_norms
+            .then(|| src.vector(&n(name), d))
+            .transpose()
+    };
     Ok(Layer {
         attn_norm: src.vector(&n("attn_norm.weight"), d)?,
         qkv: Projection::load(src, &qkv_names, &qkv_rows, d)?,
         qkv_bias,
+        qk_norm,
         wo: src.matrix(&n("attn_output.weight"), d, c.n_heads * hd)?,
+        post_attn_norm: post_norm("post_attention_norm.weight")?,
         ffn_norm: src.vector(&n("ffn_norm.weight"), d)?,
         mlp,
+        post_ffn_norm: post_norm("post_ffw_norm.weight")?,
         attn_res: plan.and_then(|p| p.attn_res),
     })
 }

@@ -1,12 +1,21 @@
-//! The forward pass against llama.cpp's outputs on the same GGUF (osprey-testkit's golden file).
+//! The forward pass against llama.cpp's outputs on the same GGUF (osprey-testkit's golden
+//! files): SmolLM2 (Llama family) and Gemma 3 (normed Q and K, post-norms, GeGLU, five
+//! sliding-window layers to one global; its perplexity text is three times its 512-token
+//! window).
+
+use std::path::Path;
 
 use osprey_models::{
     BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, LogitsWanted, Transformer,
 };
-use osprey_testkit::{default_model, golden};
+use osprey_testkit::{Golden, default_model, gemma_golden, gemma_model, golden};
 
 fn load() -> Transformer {
-    let gguf = GgufFile::open(&default_model()).unwrap();
+    load_from(&default_model())
+}
+
+fn load_from(path: &Path) -> Transformer {
+    let gguf = GgufFile::open(path).unwrap();
     Transformer::load(&gguf).unwrap()
 }
 
@@ -28,11 +37,21 @@ fn argmax(row: &[f32]) -> u32 {
 
 #[test]
 fn teacher_forced_predictions_agree_with_llama_cpp() {
-    let model = load();
+    check_teacher_forced(&load(), golden());
+}
+
+#[test]
+fn gemma_teacher_forced_predictions_agree_with_llama_cpp() {
+    check_teacher_forced(&load_from(&gemma_model()), gemma_golden());
+}
+
+/// Top-1 agreement ≥ 99% where llama.cpp's margin is ≥ 0.35 nats and ≥ 93% overall, mean
+/// |Δ logprob| ≤ 0.10.
+fn check_teacher_forced(model: &Transformer, golden: &Golden) {
     let (mut all, mut all_agree, mut confident, mut confident_agree, mut abs_diff) =
         (0, 0, 0, 0, 0f64);
-    for case in &golden().teacher_forced {
-        let lps = all_logprobs(&model, &case.ids);
+    for case in &golden.teacher_forced {
+        let lps = all_logprobs(model, &case.ids);
         for i in 0..case.ids.len() - 1 {
             let ours = argmax(&lps[i]);
             let theirs = case.top1[i];
@@ -62,9 +81,17 @@ fn teacher_forced_predictions_agree_with_llama_cpp() {
 
 #[test]
 fn perplexity_matches_llama_cpp_within_one_percent() {
-    let model = load();
-    let case = &golden().perplexity;
-    let lps = all_logprobs(&model, &case.ids);
+    check_perplexity(&load(), golden());
+}
+
+#[test]
+fn gemma_perplexity_matches_llama_cpp_within_one_percent() {
+    check_perplexity(&load_from(&gemma_model()), gemma_golden());
+}
+
+fn check_perplexity(model: &Transformer, golden: &Golden) {
+    let case = &golden.perplexity;
+    let lps = all_logprobs(model, &case.ids);
     let nll: f64 = (1..case.ids.len())
         .map(|i| -(lps[i - 1][case.ids[i] as usize] as f64))
         .sum();
@@ -85,10 +112,33 @@ fn perplexity_matches_llama_cpp_within_one_percent() {
 
 #[test]
 fn a_sequence_computes_the_same_alone_in_chunks_and_in_a_batch() {
-    let model = load();
+    let g = golden();
+    check_chunked(
+        &load(),
+        &g.teacher_forced[0].ids[..40],
+        &g.teacher_forced[1].ids[..23],
+        25,
+    );
+}
+
+/// Past the sliding window: 1,200 tokens, the second chunk's queries (from position 700 on)
+/// see only the last 512 positions on the local layers and everything on the global ones.
+#[test]
+fn gemma_computes_the_same_alone_in_chunks_and_in_a_batch_past_its_window() {
+    let g = gemma_golden();
+    let ids = &g.perplexity.ids[..1200];
+    check_chunked(
+        &load_from(&gemma_model()),
+        ids,
+        &g.teacher_forced[1].ids[..23],
+        700,
+    );
+}
+
+/// The last logits of `ids` in one pass equal, bit for bit, those of `ids` in two chunks
+/// (split at `split`), the second batched with `other`.
+fn check_chunked(model: &Transformer, ids: &[u32], other: &[u32], split: usize) {
     let c = model.config();
-    let ids = &golden().teacher_forced[0].ids[..40];
-    let other = &golden().teacher_forced[1].ids[..23];
     let last_logits = |batch: &[(&[u32], usize, Vec<u32>)], kv: &mut KvCache| {
         let mut tokens = Vec::new();
         let seqs: Vec<BatchSeq> = batch
@@ -115,13 +165,19 @@ fn a_sequence_computes_the_same_alone_in_chunks_and_in_a_batch() {
             )
             .to_vec()
     };
-    let mut kv = KvCache::new(c, 16);
-    let alone = last_logits(&[(ids, 0, vec![0, 1, 2])], &mut kv);
-    // Same sequence as two chunks (25 + 15), the second one batched with another sequence.
-    let mut kv = KvCache::new(c, 16);
-    last_logits(&[(&ids[..25], 0, vec![3, 4, 5])], &mut kv);
+    let blocks = |n: usize| n.div_ceil(osprey_models::BLOCK_SIZE) as u32;
+    let (n, m) = (blocks(ids.len()), blocks(other.len()));
+    let table: Vec<u32> = (0..n).collect();
+    let mut kv = KvCache::new(c, (n + m) as usize);
+    let alone = last_logits(&[(ids, 0, table.clone())], &mut kv);
+    // The same sequence in other blocks, as two chunks, the second batched with another
+    // sequence.
+    let moved: Vec<u32> = (m..m + n).collect();
+    let other_table: Vec<u32> = (0..m).collect();
+    let mut kv = KvCache::new(c, (n + m) as usize);
+    last_logits(&[(&ids[..split], 0, moved.clone())], &mut kv);
     let both = last_logits(
-        &[(other, 0, vec![0, 1]), (&ids[25..], 25, vec![3, 4, 5])],
+        &[(other, 0, other_table), (&ids[split..], split, moved)],
         &mut kv,
     );
     let chunked = &both[c.vocab_size..];

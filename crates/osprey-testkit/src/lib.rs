@@ -28,12 +28,21 @@ use serde::Deserialize;
 /// Path of the default model, fetching it on first use.
 pub fn default_model() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let home = osprey_models::osprey_home();
-        osprey_models::fetch(&osprey_models::DEFAULT_MODEL, &home, &mut |_| {})
-            .unwrap_or_else(|e| panic!("fetching the default model for tests: {e}"))
-    })
-    .clone()
+    PATH.get_or_init(|| fetched(&osprey_models::DEFAULT_MODEL))
+        .clone()
+}
+
+/// Path of Gemma 3 270M (`gemma-3-270m`), fetching it on first use.
+pub fn gemma_model() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| fetched(&osprey_models::fetch::GEMMA_3_270M))
+        .clone()
+}
+
+fn fetched(source: &osprey_models::ModelSource) -> PathBuf {
+    let home = osprey_models::osprey_home();
+    osprey_models::fetch(source, &home, &mut |_| {})
+        .unwrap_or_else(|e| panic!("fetching {} for tests: {e}", source.served_name))
 }
 
 /// An engine over the default model, shared by the tests of one process.
@@ -60,7 +69,8 @@ pub fn engine(config: EngineConfig) -> Engine {
 pub struct Golden {
     /// Text → ids.
     pub tokenizer: Vec<TokenizerCase>,
-    /// Chat template renders.
+    /// Chat template renders (none for a base model).
+    #[serde(default)]
     pub chat_template_renders: Vec<TemplateCase>,
     /// Teacher-forced next-token predictions.
     pub teacher_forced: Vec<TeacherForcedCase>,
@@ -137,10 +147,25 @@ pub fn golden() -> &'static Golden {
             || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/golden/smollm2-135m-q4_1.json"),
             PathBuf::from,
         );
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+        read_golden(&path)
     })
+}
+
+/// llama.cpp's outputs on Gemma 3 270M (`data/golden/gemma-3-270m-q4_k_m.json`, made by
+/// `scripts/gemma3-golden.py`).
+pub fn gemma_golden() -> &'static Golden {
+    static GOLDEN: OnceLock<Golden> = OnceLock::new();
+    GOLDEN.get_or_init(|| {
+        read_golden(
+            &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/golden/gemma-3-270m-q4_k_m.json"),
+        )
+    })
+}
+
+fn read_golden(path: &std::path::Path) -> Golden {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
 
 /// A Python interpreter with the official `openai` package: `$OSPREY_TEST_PYTHON`, or a

@@ -259,6 +259,7 @@ mod tests {
                 linear_factor: 1.0,
                 freq_factors: None,
             },
+            family: Default::default(),
         };
         let manager = KvCacheManager::new(blocks, true);
         manager.borrow_mut().set_tiering(true);

@@ -55,6 +55,8 @@ pub struct AttentionShape {
     pub n_kv_heads: usize,
     /// Width of a head.
     pub head_dim: usize,
+    /// Positions a query sees, its own included (a sliding window); `None` sees them all.
+    pub window: Option<usize>,
 }
 
 /// Query rows per task. A task converts each block it reads once for all its queries (these
@@ -112,7 +114,8 @@ struct Task {
 }
 
 /// For every new token of every sequence, attends its query heads over the keys and values of
-/// positions `0..=pos` in `kv` (layer `layer`), writing `out[row][head * head_dim ..]`.
+/// positions `0..=pos` in `kv` (layer `layer`), or the last `window` of them, writing
+/// `out[row][head * head_dim ..]`.
 ///
 /// `q` holds the batch's query rows, each `q_stride` floats apart with the heads first; `out`
 /// has `n_heads * head_dim` floats per row. Work is split by (sequence, KV head, chunk of
@@ -131,7 +134,10 @@ pub fn attention(
         n_heads,
         n_kv_heads,
         head_dim: hd,
+        window,
     } = shape;
+    // The first position the query at `pos` sees.
+    let first_seen = |pos: usize| window.map_or(0, |w| (pos + 1).saturating_sub(w));
     let group = n_heads / n_kv_heads;
     let out_stride = n_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
@@ -166,8 +172,10 @@ pub fn attention(
                     out_at(h, i).fill(0.0);
                 }
             }
+            // Blocks before the first query's window are seen by none of the task's queries.
+            let first_block = first_seen(seq.start_pos + queries.start) / BLOCK_SIZE;
             let blocks = &seq.block_table[..n_keys.div_ceil(BLOCK_SIZE)];
-            for (b, &block) in blocks.iter().enumerate() {
+            for (b, &block) in blocks.iter().enumerate().skip(first_block) {
                 let (keys_t, values) = kv.block(layer, block, task.kv_head);
                 sc.keys_t.resize(BLOCK_SIZE * hd, 0.0);
                 sc.values.resize(BLOCK_SIZE * hd, 0.0);
@@ -179,10 +187,16 @@ pub fn attention(
                 let first = queries.start.max(first_pos.saturating_sub(seq.start_pos));
                 for h in heads.clone() {
                     for i in first..queries.end {
+                        let pos = seq.start_pos + i;
+                        let from = first_seen(pos).saturating_sub(first_pos);
+                        if from >= BLOCK_SIZE {
+                            continue;
+                        }
                         let tile = Tile {
                             keys_t: &sc.keys_t,
                             values: &sc.values,
-                            visible: (seq.start_pos + i + 1 - first_pos).min(BLOCK_SIZE),
+                            from,
+                            visible: (pos + 1 - first_pos).min(BLOCK_SIZE),
                         };
                         let running = &mut sc.running[state(h, i)];
                         attend_block(q_at(h, i), scale, tile, running, out_at(h, i));
@@ -236,7 +250,9 @@ struct Tile<'a> {
     keys_t: &'a [f32],
     /// `[slot][dim]`.
     values: &'a [f32],
-    /// Slots `0..visible` are attended; the rest are masked.
+    /// Slots `from..visible` are attended; the rest are masked.
+    from: usize,
+    /// See `from`.
     visible: usize,
 }
 
@@ -247,8 +263,9 @@ fn attend_block(q: &[f32], scale: f32, tile: Tile, running: &mut Running, o: &mu
     let hd = q.len();
     let dots = dot_block(q, &tile.keys_t[..hd * BLOCK_SIZE]);
     let mut scores = [0f32; BLOCK_SIZE];
+    let seen = tile.from..tile.visible;
     for (j, (s, &dot)) in scores.iter_mut().zip(&dots).enumerate() {
-        *s = if j < tile.visible {
+        *s = if seen.contains(&j) {
             dot * scale
         } else {
             f32::NEG_INFINITY
@@ -259,7 +276,7 @@ fn attend_block(q: &[f32], scale: f32, tile: Tile, running: &mut Running, o: &mu
     for (j, (p, &s)) in p.iter_mut().zip(&scores).enumerate() {
         // Masked slots get exactly 0 (`exp` clamps its argument, so it never returns 0).
         let e = exp(s - max);
-        *p = if j < tile.visible { e } else { 0.0 };
+        *p = if seen.contains(&j) { e } else { 0.0 };
     }
     // A new maximum rescales what was accumulated so far (there is nothing before the first
     // block; the multiplication by 0 there keeps `o` at exactly 0).
@@ -387,6 +404,7 @@ mod tests {
                 linear_factor: 1.0,
                 freq_factors: None,
             },
+            family: Default::default(),
         }
     }
 
@@ -427,7 +445,9 @@ mod tests {
         pos: usize,
         head: usize,
         q: &[f32],
+        window: Option<usize>,
     ) -> Vec<f64> {
+        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
         let g = head / (N_HEADS / N_KV_HEADS);
         let key = |p: usize, d: usize| {
             let (k, _) = kv.block(1, table[p / BLOCK_SIZE], g);
@@ -437,7 +457,7 @@ mod tests {
             let (_, v) = kv.block(1, table[p / BLOCK_SIZE], g);
             v[(p % BLOCK_SIZE) * head_dim + d].to_f64()
         };
-        let scores: Vec<f64> = (0..=pos)
+        let scores: Vec<f64> = (first..=pos)
             .map(|p| {
                 let dot: f64 = (0..head_dim).map(|d| q[d] as f64 * key(p, d)).sum();
                 dot / (head_dim as f64).sqrt()
@@ -447,7 +467,12 @@ mod tests {
         let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
         let total: f64 = weights.iter().sum();
         (0..head_dim)
-            .map(|d| (0..=pos).map(|p| weights[p] * value(p, d)).sum::<f64>() / total)
+            .map(|d| {
+                (first..=pos)
+                    .map(|p| weights[p - first] * value(p, d))
+                    .sum::<f64>()
+                    / total
+            })
             .collect()
     }
 
@@ -490,6 +515,17 @@ mod tests {
         seqs: &[Seq],
         steps: &[(usize, usize, usize)],
     ) -> Vec<Vec<f32>> {
+        run_windowed(head_dim, kv, seqs, steps, None)
+    }
+
+    /// [`run`] through a sliding window.
+    fn run_windowed(
+        head_dim: usize,
+        kv: &KvCache,
+        seqs: &[Seq],
+        steps: &[(usize, usize, usize)],
+        window: Option<usize>,
+    ) -> Vec<Vec<f32>> {
         let q_width = N_HEADS * head_dim;
         let mut q = Vec::new();
         let mut batch = Vec::new();
@@ -506,6 +542,7 @@ mod tests {
             n_heads: N_HEADS,
             n_kv_heads: N_KV_HEADS,
             head_dim,
+            window,
         };
         let mut out = vec![f32::NAN; q.len()];
         attention(shape, &q, q_width, kv, 1, &batch, &mut out);
@@ -517,25 +554,37 @@ mod tests {
 
     #[test]
     fn matches_the_definition() {
-        // 70 exercises the tails of the dot-product chains and the output tiles.
-        for head_dim in [64, 70] {
+        // 70 exercises the tails of the dot-product chains and the output tiles; a window of
+        // 20 starts inside a block, 32 on a block's edge, and 200 is longer than every
+        // sequence.
+        let cases = [
+            (64, None),
+            (70, None),
+            (64, Some(20)),
+            (70, Some(32)),
+            (64, Some(200)),
+        ];
+        for (head_dim, window) in cases {
             let (seqs, kv) = sequences(head_dim);
             let steps = [(0, 0, seqs[0].len), (1, 0, seqs[1].len)];
-            let outs = run(head_dim, &kv, &seqs, &steps);
+            let outs = run_windowed(head_dim, &kv, &seqs, &steps, window);
             let mut worst = 0f64;
             for (s, seq) in seqs.iter().enumerate() {
                 for pos in 0..seq.len {
                     for h in 0..N_HEADS {
                         let at = (pos * N_HEADS + h) * head_dim;
                         let q = &seq.q[at..at + head_dim];
-                        let want = reference(head_dim, &kv, &seq.table, pos, h, q);
+                        let want = reference(head_dim, &kv, &seq.table, pos, h, q, window);
                         for (got, want) in outs[s][at..at + head_dim].iter().zip(want) {
                             worst = worst.max((*got as f64 - want).abs());
                         }
                     }
                 }
             }
-            assert!(worst < 5e-6, "head_dim {head_dim}: worst error {worst}");
+            assert!(
+                worst < 5e-6,
+                "head_dim {head_dim}, window {window:?}: worst error {worst}"
+            );
         }
     }
 
@@ -573,6 +622,7 @@ mod tests {
             n_heads: 9,
             n_kv_heads: 3,
             head_dim: 64,
+            window: None,
         };
         let table = [0u32; 8];
         let seq = |n_new| AttentionSeq {

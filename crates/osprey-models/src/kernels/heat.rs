@@ -23,6 +23,8 @@ pub fn block_mass(
         n_heads,
         n_kv_heads,
         head_dim: hd,
+        // Heat is read over the whole context, also on a sliding-window layer.
+        window: _,
     } = shape;
     let n_blocks = (pos + 1).div_ceil(BLOCK_SIZE);
     let scale = 1.0 / (hd as f32).sqrt();

@@ -18,6 +18,18 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// RMSNorm of every `weight.len()`-wide piece of `x`, in place: the per-head norm of Q and K.
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let d = weight.len();
+    for xr in x.chunks_exact_mut(d) {
+        let ss: f64 = xr.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let scale = 1.0 / ((ss / d as f64) as f32 + eps).sqrt();
+        for (v, &w) in xr.iter_mut().zip(weight) {
+            *v *= scale * w;
+        }
+    }
+}
+
 /// `x += y`.
 pub fn add_assign(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
@@ -40,6 +52,26 @@ pub fn swiglu(gate_up: &[f32], ffn: usize, out: &mut [f32]) {
         for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
             *o = g / (1.0 + exp(-g)) * u;
         }
+    }
+}
+
+/// GeGLU: for each row of `gate_up` (`[gate | up]`, each `ffn` wide),
+/// `out = gelu(gate) * up`, with GELU's tanh approximation (as Gemma and ggml's `gelu`).
+pub fn geglu(gate_up: &[f32], ffn: usize, out: &mut [f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (gu, o) in gate_up.chunks_exact(2 * ffn).zip(out.chunks_exact_mut(ffn)) {
+        let (g, u) = gu.split_at(ffn);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            let inner = SQRT_2_OVER_PI * g * (1.0 + 0.044_715 * g * g);
+            *o = 0.5 * g * (1.0 + inner.tanh()) * u;
+        }
+    }
+}
+
+/// Squashes every value into `±cap`: `cap · tanh(x / cap)`.
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = cap * (*v / cap).tanh();
     }
 }
 
