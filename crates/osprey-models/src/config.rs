@@ -20,6 +20,10 @@ pub enum Arch {
     Mistral,
     /// Qwen2 and Qwen2.5: biases on Q/K/V, NeoX-style rotary embedding.
     Qwen2,
+    /// Qwen3: Qwen2 without the biases, with Q and K normed per head.
+    Qwen3,
+    /// Phi-3: Q, K and V in one tensor (`attn_qkv`), gate and up in one (`ffn_up`).
+    Phi3,
     /// Gemma 3: pre- and post-norms, normed Q and K, GeGLU, scaled embeddings, five local
     /// (sliding-window) layers to one global.
     Gemma3,
@@ -27,7 +31,14 @@ pub enum Arch {
 
 impl Arch {
     /// Every architecture Osprey runs, by its GGUF name.
-    pub const ALL: [Self; 4] = [Self::Llama, Self::Mistral, Self::Qwen2, Self::Gemma3];
+    pub const ALL: [Self; 6] = [
+        Self::Llama,
+        Self::Mistral,
+        Self::Qwen2,
+        Self::Qwen3,
+        Self::Phi3,
+        Self::Gemma3,
+    ];
 
     /// The GGUF name (`general.architecture`).
     pub fn gguf_name(self) -> &'static str {
@@ -35,6 +46,8 @@ impl Arch {
             Self::Llama => "llama",
             Self::Mistral => "mistral",
             Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Phi3 => "phi3",
             Self::Gemma3 => "gemma3",
         }
     }
@@ -232,16 +245,21 @@ impl ModelConfig {
                     .opt_uint(&key("rope.dimension_count"))?
                     .map_or(head_dim, |v| v as usize),
                 style: match arch {
-                    Arch::Qwen2 | Arch::Gemma3 => RopeStyle::Neox,
+                    Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Gemma3 => RopeStyle::Neox,
                     Arch::Llama | Arch::Mistral => RopeStyle::Interleaved,
                 },
                 linear_factor,
                 freq_factors: None,
             },
             family: match arch {
-                Arch::Llama | Arch::Mistral => Family::default(),
+                // Phi-3's fused tensors are a matter of storage, read where the layers load.
+                Arch::Llama | Arch::Mistral | Arch::Phi3 => Family::default(),
                 Arch::Qwen2 => Family {
                     qkv_bias: true,
+                    ..Family::default()
+                },
+                Arch::Qwen3 => Family {
+                    qk_norm: true,
                     ..Family::default()
                 },
                 // As llama.cpp reads it: five local layers to one global, and local layers

@@ -557,6 +557,11 @@ fn load_layer(
     };
     let mlp = match plan.and_then(|p| p.moe.as_ref()) {
         Some(moe) => Mlp::LatentMoe(Box::new(LatentMoe::load(src, l, d, moe)?)),
+        // Gate and up stored as one tensor, gate first (Phi-3).
+        None if !src.contains(&n("ffn_gate.weight")) => Mlp::Dense {
+            gate_up: Projection::Fused(src.matrix(&n("ffn_up.weight"), 2 * c.ffn_dim, d)?),
+            down: src.matrix(&n("ffn_down.weight"), d, c.ffn_dim)?,
+        },
         None => Mlp::Dense {
             gate_up: Projection::load(
                 src,
@@ -566,6 +571,11 @@ fn load_layer(
             )?,
             down: src.matrix(&n("ffn_down.weight"), d, c.ffn_dim)?,
         },
+    };
+    // Q, K and V stored as one tensor (Phi-3).
+    let qkv = match src.contains(&n("attn_qkv.weight")) {
+        true => Projection::Fused(src.matrix(&n("attn_qkv.weight"), c.qkv_dim(), d)?),
+        false => Projection::load(src, &qkv_names, &qkv_rows, d)?,
     };
     let qk_norm = match c.family.qk_norm {
         true => Some((
@@ -582,7 +592,7 @@ fn load_layer(
     };
     Ok(Layer {
         attn_norm: src.vector(&n("attn_norm.weight"), d)?,
-        qkv: Projection::load(src, &qkv_names, &qkv_rows, d)?,
+        qkv,
         qkv_bias,
         qk_norm,
         wo: src.matrix(&n("attn_output.weight"), d, c.n_heads * hd)?,

@@ -210,7 +210,66 @@ fn unsupported_architectures_are_a_clear_error() {
     );
     assert!(
         err.to_string()
-            .contains("unsupported model architecture `gpt2`")
+            .contains("unsupported model architecture `gpt2` (supported: llama, mistral, qwen2, qwen3, phi3, gemma3)"),
+        "the error names the families that are covered: {err}"
+    );
+}
+
+#[test]
+fn tensors_that_disagree_with_the_metadata_are_refused_by_name() {
+    // The file says the MLP is wider than its tensors are.
+    let path = rewrite(
+        &default_model(),
+        &scratch_dir().join("wider-mlp.gguf"),
+        |_| None,
+        |meta, _| {
+            meta.insert("llama.feed_forward_length".into(), Value::U32(1600));
+        },
+    );
+    let err = Transformer::load(&GgufFile::open(&path).unwrap())
+        .err()
+        .expect("must not load");
+    assert!(
+        matches!(err, ModelError::Shape { ref tensor, .. } if tensor.ends_with(".ffn_gate.weight")),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("ffn_gate.weight` has shape"),
+        "{err}"
+    );
+    // A tensor the family needs is missing: a Llama file that says it is Gemma 3 has no Q/K
+    // norms.
+    let path = rewrite(
+        &default_model(),
+        &scratch_dir().join("no-q-norm.gguf"),
+        |_| None,
+        |meta, _| {
+            meta.insert(
+                "general.architecture".into(),
+                Value::String("gemma3".into()),
+            );
+            for key in [
+                "context_length",
+                "embedding_length",
+                "block_count",
+                "feed_forward_length",
+            ]
+            .iter()
+            .chain(&["attention.head_count", "attention.head_count_kv"])
+            {
+                let v = meta[&format!("llama.{key}")].clone();
+                meta.insert(format!("gemma3.{key}"), v);
+            }
+            meta.insert("gemma3.attention.sliding_window".into(), Value::U32(512));
+        },
+    );
+    let err = Transformer::load(&GgufFile::open(&path).unwrap())
+        .err()
+        .expect("must not load");
+    assert!(
+        err.to_string()
+            .contains("attn_q_norm.weight` is missing from the model file"),
+        "{err}"
     );
 }
 

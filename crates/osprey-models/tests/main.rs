@@ -6,6 +6,7 @@
 //! Each file is a module; all their tests run as threads of this one process.
 
 mod checkpoint;
+mod families;
 mod formats;
 mod golden;
 mod k3;
