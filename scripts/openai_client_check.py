@@ -24,7 +24,11 @@ def check(name, cond, detail=""):
 
 models = client.models.list()
 ids = [m.id for m in models.data]
-check("models.list returns the served model", len(ids) == 1, ids)
+check(
+    "models.list returns the served model, then the embedding model",
+    len(ids) == 2 and ids[1] == "all-MiniLM-L6-v2",
+    ids,
+)
 model = ids[0]
 
 chat = client.chat.completions.create(
