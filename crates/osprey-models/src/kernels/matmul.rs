@@ -103,7 +103,14 @@ impl QMatrix {
             GgmlDType::F16 => Box::new(Ggml::<f16>::from_bytes(bytes)),
             GgmlDType::BF16 => Box::new(Ggml::<bf16>::from_bytes(bytes)),
             GgmlDType::Q4_0 => Box::new(Ggml::<kq::BlockQ4_0>::from_bytes(bytes)),
-            GgmlDType::Q5_0 => Box::new(Ggml::<kq::BlockQ5_0>::from_bytes(bytes)),
+            // Q5_0's values (-16..=15 times the block's scale) are exactly Q8_0's, so its
+            // blocks are widened once and run in the Q8_0 tiles: the same sums, Osprey's kernel.
+            GgmlDType::Q5_0 => Box::new(Tiled::<TileQ8_0>::new(
+                WeightFormat::Ggml(GgmlDType::Q8_0),
+                &q5_0_as_q8_0(bytes),
+                rows,
+                cols,
+            )),
             GgmlDType::Q5_1 => Box::new(Ggml::<kq::BlockQ5_1>::from_bytes(bytes)),
             GgmlDType::Q2K => Box::new(Ggml::<kq::BlockQ2K>::from_bytes(bytes)),
             GgmlDType::Q3K => Box::new(Ggml::<kq::BlockQ3K>::from_bytes(bytes)),
@@ -155,6 +162,26 @@ impl QMatrix {
         assert!(row < self.rows && out.len() == self.cols);
         self.weights.row_to_f32(row, self.cols, out);
     }
+}
+
+/// GGML `Q5_0` blocks (f16 scale, 32 high bits, 16 bytes of low nibbles) rewritten as `Q8_0`
+/// blocks (f16 scale, 32 signed bytes) holding the same values.
+fn q5_0_as_q8_0(bytes: &[u8]) -> Vec<u8> {
+    const Q5_0_BYTES: usize = 2 + 4 + QK / 2;
+    let mut out = Vec::with_capacity(bytes.len() / Q5_0_BYTES * (2 + QK));
+    for block in bytes.chunks_exact(Q5_0_BYTES) {
+        let (d, rest) = block.split_at(2);
+        let (qh, qs) = rest.split_at(4);
+        let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+        out.extend_from_slice(d);
+        let value = |nibble: u8, bit: usize| {
+            let high = (((qh >> bit) & 1) as u8) << 4;
+            ((nibble | high) as i8 - 16) as u8
+        };
+        out.extend(qs.iter().enumerate().map(|(j, &q)| value(q & 0x0f, j)));
+        out.extend(qs.iter().enumerate().map(|(j, &q)| value(q >> 4, j + 16)));
+    }
+    out
 }
 
 /// A weight storage format and its kernels.
@@ -275,5 +302,39 @@ impl<T: GgmlType + 'static> Weights for Ggml<T> {
     fn row_to_f32(&self, row: usize, cols: usize, out: &mut [f32]) {
         let bpr = cols / T::BLCK_SIZE;
         T::to_float(&self.0[row * bpr..(row + 1) * bpr], out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::k_quants::BlockQ5_0;
+
+    /// Widened Q5_0 blocks hold exactly the values ggml's Q5_0 dequantizes to (every pattern
+    /// of high bits and nibbles comes up over the matrix).
+    #[test]
+    fn q5_0_widened_to_q8_0_keeps_every_value() {
+        let (rows, cols) = (16, 64);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * (1 + i % 5) as f32)
+            .collect();
+        let mut blocks = vec![BlockQ5_0::zeros(); rows * cols / QK];
+        BlockQ5_0::from_float(&x, &mut blocks);
+        let mut want = vec![0f32; rows * cols];
+        BlockQ5_0::to_float(&blocks, &mut want);
+        // SAFETY: `BlockQ5_0` is a plain `repr(C)` struct of bytes and an f16.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                blocks.as_ptr().cast::<u8>(),
+                std::mem::size_of_val(&blocks[..]),
+            )
+        };
+        let m =
+            QMatrix::from_bytes(WeightFormat::Ggml(GgmlDType::Q5_0), rows, cols, bytes).unwrap();
+        let mut got = vec![0f32; cols];
+        for r in 0..rows {
+            m.row_to_f32(r, &mut got);
+            assert_eq!(got, want[r * cols..(r + 1) * cols], "row {r}");
+        }
     }
 }
