@@ -11,6 +11,11 @@ use serde::Serialize;
 /// ChatML, for models whose file carries no template.
 const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// Gemma's turns, for a Gemma file that carries no template (a base model): a system message
+/// opens the first user turn, as Gemma's own template does, and the assistant is `model`. BOS
+/// comes from the tokenizer.
+pub const GEMMA_TURNS: &str = "{% set ns = namespace(system='') %}{% for message in messages %}{% if message['role'] == 'system' %}{% set ns.system = message['content'] + '\n\n' %}{% else %}{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' + ns.system + message['content'] | trim + '<end_of_turn>\n' }}{% set ns.system = '' %}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
+
 /// A message as templates see it: role and plain-text content.
 #[derive(Clone, Debug, Serialize)]
 pub struct TemplateMessage {
@@ -149,6 +154,26 @@ mod tests {
         assert_eq!(
             out,
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn gemma_turns_fold_the_system_message_into_the_first_user_turn() {
+        let t = ChatTemplate::new(Some(GEMMA_TURNS), String::new(), String::new()).unwrap();
+        let out = t
+            .render(
+                &[
+                    msg("system", "Be brief."),
+                    msg("user", " Hi "),
+                    msg("assistant", "Hello."),
+                    msg("user", "Bye"),
+                ],
+                true,
+            )
+            .unwrap();
+        assert_eq!(
+            out,
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
         );
     }
 

@@ -16,13 +16,21 @@ pub struct Prompter {
 
 impl Prompter {
     /// The tokenizer and chat template of `gguf` (ChatML when its template does not compile).
+    /// A file without a template gets Gemma's turns or ChatML (see [`GEMMA_TURNS`]).
+    ///
+    /// [`GEMMA_TURNS`]: crate::chat_template::GEMMA_TURNS
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, ModelError> {
         let tokenizer = Tokenizer::from_gguf(gguf)?;
         let token_text = |id: Option<u32>| {
             id.and_then(|i| tokenizer.id_to_token(i))
                 .unwrap_or_default()
         };
-        let source = gguf.str("tokenizer.chat_template").ok();
+        // A file without a template: Gemma's turns if its vocabulary ends turns Gemma's way,
+        // else ChatML.
+        let gemma_turns = (tokenizer.end_of_generation().iter())
+            .any(|&id| tokenizer.id_to_token(id).as_deref() == Some("<end_of_turn>"));
+        let source = (gguf.str("tokenizer.chat_template").ok())
+            .or(gemma_turns.then_some(crate::chat_template::GEMMA_TURNS));
         let template = ChatTemplate::new(
             source,
             token_text(tokenizer.bos()),

@@ -174,3 +174,32 @@ async fn batching_does_not_change_a_sequence() {
         "tokens and logprobs must be identical alone and batched"
     );
 }
+
+/// Gemma 3 270M's file carries no chat template (a base model): chats are rendered in Gemma's
+/// turns, after the BOS the tokenizer adds, and `<end_of_turn>` ends generation.
+#[test]
+fn gemma_without_a_template_chats_in_gemma_turns() {
+    let engine = gemma_engine();
+    let messages = [TemplateMessage {
+        role: "user".into(),
+        content: "Hi".into(),
+    }];
+    let text = engine.render_chat(&messages).unwrap();
+    assert_eq!(
+        text,
+        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let ids = engine.tokenizer().encode(&text, true);
+    let bos = engine.tokenizer().bos().unwrap();
+    assert_eq!(&ids[..1], &[bos], "one BOS, from the tokenizer");
+    assert_eq!(engine.tokenizer().token_text(ids[1]), "<start_of_turn>");
+    let end_of_turn = (ids.iter().copied())
+        .find(|&id| engine.tokenizer().token_text(id) == "<end_of_turn>")
+        .expect("<end_of_turn> is one token");
+    assert!(
+        engine
+            .tokenizer()
+            .end_of_generation()
+            .contains(&end_of_turn)
+    );
+}
