@@ -96,21 +96,24 @@ fn every_supported_tensor_type_computes_the_same_network() {
             retype,
             |_, _| {},
         );
-        // The same weights re-encoded as Q8_0 (near-lossless for 4-6-bit weights), which runs
-        // Osprey's own kernel: the other kernels must compute what it computes.
+        // The same weights dequantized to F32: the network itself, with no rounding of weights
+        // or activations. Every kernel must compute it, up to its 8-bit activations.
         let reference = rewrite(
             &path,
-            &dir.join(format!("{name}-q8.gguf")),
-            |_| Some(GgmlDType::Q8_0),
+            &dir.join(format!("{name}-f32.gguf")),
+            |_| Some(GgmlDType::F32),
             |_, _| {},
         );
         let (ppl, ref_ppl) = (perplexity(&path, N), perplexity(&reference, N));
         eprintln!(
-            "{name}: perplexity {ppl:.3}; its weights in Q8_0: {ref_ppl:.3}; original Q4_1 file: {base:.3}"
+            "{name}: perplexity {ppl:.3}; its weights in F32: {ref_ppl:.3}; original Q4_1 file: {base:.3}"
         );
+        // 8-bit activations (every quantized kernel's, Osprey's and candle's) cost up to ~2%
+        // over these 96 tokens (mix-a, whose every matmul has them: 2.2%); a wrong layout or
+        // scale costs far more.
         assert!(
-            (ppl / ref_ppl - 1.0).abs() < 0.02,
-            "{name}: perplexity {ppl} vs {ref_ppl} with the same weights in Q8_0"
+            (ppl / ref_ppl - 1.0).abs() < 0.03,
+            "{name}: perplexity {ppl} vs {ref_ppl} with the same weights in F32"
         );
         // Requantizing already-quantized weights to 4-6 bits costs something, not everything.
         assert!(

@@ -20,6 +20,57 @@ pub struct BlockQ4_1 {
     pub qs: [u8; QK / 2],
 }
 
+/// A 32-element sub-block of ggml `Q4_K` as `d * q + m`, `q` in 0..16, nibbles laid out as in
+/// [`BlockQ4_1`]: `d` is the super-block's scale times the sub-block's 6-bit scale, `m` minus
+/// its minimum times the 6-bit minimum, both exact in `f32`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BlockQ4F {
+    /// Scale.
+    pub d: f32,
+    /// Offset.
+    pub m: f32,
+    /// Packed nibbles.
+    pub qs: [u8; QK / 2],
+}
+
+/// Bytes of a ggml `Q4_K` super-block (256 elements).
+const Q4_K_BYTES: usize = 2 + 2 + 12 + 128;
+
+impl BlockQ4F {
+    /// ggml `Q4_K` tensor bytes as sub-blocks, 8 per super-block, in order.
+    pub fn from_q4_k(bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(bytes.len() / Q4_K_BYTES * 8 * 24);
+        for sb in bytes.chunks_exact(Q4_K_BYTES) {
+            let d = f16::from_le_bytes([sb[0], sb[1]]).to_f32();
+            let dmin = f16::from_le_bytes([sb[2], sb[3]]).to_f32();
+            let (scales, qs) = (&sb[4..16], &sb[16..]);
+            for j in 0..8 {
+                // ggml's `get_scale_min_k4`.
+                let (sc, m) = if j < 4 {
+                    (scales[j] & 63, scales[j + 4] & 63)
+                } else {
+                    (
+                        (scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4),
+                        (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
+                    )
+                };
+                // Sub-block j is the low (even j) or high (odd j) nibbles of bytes
+                // 32·(j/2)..+32, element k in byte k.
+                let chunk = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+                let nib = |k: usize| match j % 2 {
+                    0 => chunk[k] & 0x0f,
+                    _ => chunk[k] >> 4,
+                };
+                out.extend_from_slice(&(d * sc as f32).to_le_bytes());
+                out.extend_from_slice(&(-(dmin * m as f32)).to_le_bytes());
+                out.extend((0..QK / 2).map(|k| nib(k) | (nib(k + QK / 2) << 4)));
+            }
+        }
+        out
+    }
+}
+
 /// ggml `Q8_0`: 32 weights as `d * q`, `q` in -127..=127.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -41,6 +92,7 @@ impl Default for BlockQ8_0 {
 
 const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
+const _: () = assert!(std::mem::size_of::<BlockQ4F>() == 24);
 
 impl BlockQ4_1 {
     /// Dequantizes into 32 floats.

@@ -12,10 +12,10 @@ use candle_core::quantized::k_quants::{self as kq, GgmlType};
 use half::{bf16, f16};
 use std::cell::RefCell;
 
-use super::blocks::{QK, QuantizedRow, QuantizedRows, blocks_from_bytes};
+use super::blocks::{BlockQ4F, QK, QuantizedRow, QuantizedRows, blocks_from_bytes};
 use super::mxfp4::{BlockMxfp4, TileMxfp4};
 use super::par::{SharedMut, for_each_range, grain_for};
-use super::tiles::{TILE_ROWS, Tile, TileQ4_1, TileQ8_0, repack};
+use super::tiles::{TILE_ROWS, Tile, TileQ4_1, TileQ4F, TileQ8_0, repack};
 
 /// Activation rows that share one decoded weight tile.
 const ROW_TILE: usize = 4;
@@ -114,7 +114,13 @@ impl QMatrix {
             GgmlDType::Q5_1 => Box::new(Ggml::<kq::BlockQ5_1>::from_bytes(bytes)),
             GgmlDType::Q2K => Box::new(Ggml::<kq::BlockQ2K>::from_bytes(bytes)),
             GgmlDType::Q3K => Box::new(Ggml::<kq::BlockQ3K>::from_bytes(bytes)),
-            GgmlDType::Q4K => Box::new(Ggml::<kq::BlockQ4K>::from_bytes(bytes)),
+            // Each 32-element sub-block as a 4-bit block with exact f32 scale and offset.
+            GgmlDType::Q4K => Box::new(Tiled::<TileQ4F>::new(
+                format,
+                &BlockQ4F::from_q4_k(bytes),
+                rows,
+                cols,
+            )),
             GgmlDType::Q5K => Box::new(Ggml::<kq::BlockQ5K>::from_bytes(bytes)),
             GgmlDType::Q6K => Box::new(Ggml::<kq::BlockQ6K>::from_bytes(bytes)),
             GgmlDType::Q8_1 | GgmlDType::Q8K => return None,
@@ -309,6 +315,53 @@ impl<T: GgmlType + 'static> Weights for Ggml<T> {
 mod tests {
     use super::*;
     use candle_core::quantized::k_quants::BlockQ5_0;
+
+    /// Q4_K's sub-blocks, repacked with f32 scales, hold exactly the values ggml's Q4_K
+    /// dequantizes to.
+    #[test]
+    fn q4_k_sub_blocks_keep_every_value() {
+        use candle_core::quantized::k_quants::BlockQ4K;
+        let (rows, cols) = (9, 512);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * (1 + i % 7) as f32)
+            .collect();
+        let mut blocks = vec![BlockQ4K::zeros(); rows * cols / 256];
+        BlockQ4K::from_float(&x, &mut blocks);
+        let mut want = vec![0f32; rows * cols];
+        BlockQ4K::to_float(&blocks, &mut want);
+        // SAFETY: `BlockQ4K` is a plain `repr(C)` struct of bytes and f16s.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                blocks.as_ptr().cast::<u8>(),
+                std::mem::size_of_val(&blocks[..]),
+            )
+        };
+        let m = QMatrix::from_bytes(WeightFormat::Ggml(GgmlDType::Q4K), rows, cols, bytes).unwrap();
+        let mut got = vec![0f32; cols];
+        for r in 0..rows {
+            m.row_to_f32(r, &mut got);
+            assert_eq!(got, want[r * cols..(r + 1) * cols], "row {r}");
+        }
+        // And the kernel computes with them: against the dequantized matrix in f64, within
+        // what 8-bit activations cost.
+        let input: Vec<f32> = (0..2 * cols)
+            .map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0)
+            .collect();
+        let mut out = vec![0f32; 2 * rows];
+        m.matmul(&input, &mut out);
+        for t in 0..2 {
+            for r in 0..rows {
+                let exact: f64 = (0..cols)
+                    .map(|k| input[t * cols + k] as f64 * want[r * cols + k] as f64)
+                    .sum();
+                let got = out[t * rows + r] as f64;
+                assert!(
+                    (got - exact).abs() < 0.02 * exact.abs().max(10.0),
+                    "{got} vs {exact}"
+                );
+            }
+        }
+    }
 
     /// Widened Q5_0 blocks hold exactly the values ggml's Q5_0 dequantizes to (every pattern
     /// of high bits and nibbles comes up over the matrix).

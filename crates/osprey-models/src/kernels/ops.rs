@@ -62,8 +62,10 @@ pub fn geglu(gate_up: &[f32], ffn: usize, out: &mut [f32]) {
     for (gu, o) in gate_up.chunks_exact(2 * ffn).zip(out.chunks_exact_mut(ffn)) {
         let (g, u) = gu.split_at(ffn);
         for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-            let inner = SQRT_2_OVER_PI * g * (1.0 + 0.044_715 * g * g);
-            *o = 0.5 * g * (1.0 + inner.tanh()) * u;
+            // 0.5·(1 + tanh(z)) = 1 / (1 + e^(−2z)), with Osprey's `exp` (libm's `tanh` was 8%
+            // of a Gemma prompt's time).
+            let z = SQRT_2_OVER_PI * g * (1.0 + 0.044_715 * g * g);
+            *o = g / (1.0 + exp(-2.0 * z)) * u;
         }
     }
 }
@@ -174,6 +176,25 @@ pub fn softmax(x: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn geglu_matches_the_tanh_definition() {
+        let gate_up: Vec<f32> = (-400..400)
+            .map(|i| i as f32 / 40.0)
+            .chain(std::iter::repeat_n(1.5, 800))
+            .collect();
+        let mut out = vec![0f32; 800];
+        geglu(&gate_up, 800, &mut out);
+        for (i, &o) in out.iter().enumerate() {
+            let g = gate_up[i] as f64;
+            let z = (2.0 / std::f64::consts::PI).sqrt() * g * (1.0 + 0.044_715 * g * g);
+            let want = 0.5 * g * (1.0 + z.tanh()) * 1.5;
+            assert!(
+                (o as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
+                "gelu({g}) · 1.5 = {o}, want {want}"
+            );
+        }
+    }
 
     #[test]
     fn exp_matches_std() {

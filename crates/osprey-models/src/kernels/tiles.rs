@@ -7,7 +7,9 @@
 //! horizontal sums, and the 8 rows' scales convert with one instruction.
 //!
 //! The repacking changes no byte count: a `Q4_1` tile is 8 GGML `Q4_1` blocks (160 bytes), a
-//! `Q8_0` tile 8 `Q8_0` blocks (272 bytes).
+//! `Q8_0` tile 8 `Q8_0` blocks (272 bytes). `Q4_K` is the exception: each 32-element sub-block
+//! becomes a `Q4_1`-shaped block whose scale and offset are the super-block's `d · sc` and
+//! `−dmin · m`, kept exact as `f32` (a [`TileQ4F`] of 192 bytes for 144 bytes of `Q4_K`).
 //!
 //! Every output element (one weight row against one activation row) sees the same
 //! instructions in the same order, whichever other rows share the call, so results are
@@ -15,7 +17,7 @@
 
 use half::f16;
 
-use super::blocks::{BlockQ4_1, BlockQ8_0, QK, QuantizedRow, read_block};
+use super::blocks::{BlockQ4_1, BlockQ4F, BlockQ8_0, QK, QuantizedRow, read_block};
 
 /// Rows per tile.
 pub const TILE_ROWS: usize = 8;
@@ -33,6 +35,90 @@ pub struct TileQ4_1 {
     pub qs: [u8; 16 * TILE_ROWS],
 }
 
+/// Eight rows' 4-bit blocks with `f32` scales and offsets ([`BlockQ4F`]: `Q4_K`'s sub-blocks),
+/// nibbles as in [`TileQ4_1`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TileQ4F {
+    /// Per-row scale.
+    pub d: [f32; TILE_ROWS],
+    /// Per-row offset.
+    pub m: [f32; TILE_ROWS],
+    /// Interleaved nibbles: `[chunk p][row r][byte j]`.
+    pub qs: [u8; 16 * TILE_ROWS],
+}
+
+/// A tile of 4-bit values `d · q + m`, its nibbles laid out by [`interleave_nibbles`]: what the
+/// one 4-bit kernel needs of [`TileQ4_1`] and [`TileQ4F`].
+pub trait FourBit: Copy {
+    /// The rows' scales and offsets.
+    fn scales(&self) -> ([f32; TILE_ROWS], [f32; TILE_ROWS]);
+    /// The interleaved nibbles.
+    fn nibbles(&self) -> &[u8; 16 * TILE_ROWS];
+    /// The rows' scales and offsets in two registers.
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    fn scale_vectors(&self) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256);
+}
+
+impl FourBit for TileQ4_1 {
+    fn scales(&self) -> ([f32; TILE_ROWS], [f32; TILE_ROWS]) {
+        (self.d.map(f16::to_f32), self.m.map(f16::to_f32))
+    }
+
+    fn nibbles(&self) -> &[u8; 16 * TILE_ROWS] {
+        &self.qs
+    }
+
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    #[inline(always)]
+    fn scale_vectors(&self) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX2 and F16C come with the target features this is compiled for; each
+        // load reads the 16 bytes of 8 f16 values.
+        unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(self.d.as_ptr().cast())),
+                _mm256_cvtph_ps(_mm_loadu_si128(self.m.as_ptr().cast())),
+            )
+        }
+    }
+}
+
+impl FourBit for TileQ4F {
+    fn scales(&self) -> ([f32; TILE_ROWS], [f32; TILE_ROWS]) {
+        (self.d, self.m)
+    }
+
+    fn nibbles(&self) -> &[u8; 16 * TILE_ROWS] {
+        &self.qs
+    }
+
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    #[inline(always)]
+    fn scale_vectors(&self) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX is enabled at compile time; each load reads 8 f32 values.
+        unsafe {
+            (
+                _mm256_loadu_ps(self.d.as_ptr()),
+                _mm256_loadu_ps(self.m.as_ptr()),
+            )
+        }
+    }
+}
+
 /// Eight rows' `Q8_0` blocks; group `g` (32 bytes) holds elements `4g..4g+4` of each row.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -45,6 +131,7 @@ pub struct TileQ8_0 {
 
 const _: () = assert!(std::mem::size_of::<TileQ4_1>() == 8 * std::mem::size_of::<BlockQ4_1>());
 const _: () = assert!(std::mem::size_of::<TileQ8_0>() == 8 * std::mem::size_of::<BlockQ8_0>());
+const _: () = assert!(std::mem::size_of::<TileQ4F>() == 8 * std::mem::size_of::<BlockQ4F>());
 
 /// A weight format stored as 8-row tiles.
 pub trait Tile: Copy + Send + Sync + 'static {
@@ -124,14 +211,49 @@ impl Tile for TileQ4_1 {
         // SAFETY: the features are enabled at compile time; `matmul` passes activation rows
         // of `tiles.len()` blocks.
         unsafe {
-            avx2::q4_1(tiles, acts)
+            avx2::q4(tiles, acts)
         }
         #[cfg(not(all(
             target_arch = "x86_64",
             target_feature = "avx2",
             target_feature = "fma"
         )))]
-        portable::q4_1(tiles, acts)
+        portable::q4(tiles, acts)
+    }
+}
+
+impl Tile for TileQ4F {
+    type Block = BlockQ4F;
+
+    fn pack(rows: [&BlockQ4F; TILE_ROWS]) -> Self {
+        TileQ4F {
+            d: rows.map(|b| b.d),
+            m: rows.map(|b| b.m),
+            qs: interleave_nibbles(rows.map(|b| &b.qs)),
+        }
+    }
+
+    fn value(&self, r: usize, k: usize) -> f32 {
+        nibble(&self.qs, r, k) as f32 * self.d[r] + self.m[r]
+    }
+
+    #[inline]
+    fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
+        // SAFETY: as for `TileQ4_1::dot`.
+        unsafe {
+            avx2::q4(tiles, acts)
+        }
+        #[cfg(not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        )))]
+        portable::q4(tiles, acts)
     }
 }
 
@@ -187,8 +309,8 @@ impl Tile for TileQ8_0 {
 mod portable {
     use super::*;
 
-    pub fn q4_1<const R: usize>(
-        tiles: &[TileQ4_1],
+    pub fn q4<T: FourBit, const R: usize>(
+        tiles: &[T],
         acts: &[QuantizedRow; R],
     ) -> [[f32; TILE_ROWS]; R] {
         std::array::from_fn(|i| {
@@ -196,16 +318,17 @@ mod portable {
             std::array::from_fn(|r| {
                 let mut acc = 0f32;
                 for (b, t) in tiles.iter().enumerate() {
+                    let (qs, (d, m)) = (t.nibbles(), t.scales());
                     let mut isum = 0i32;
                     for p in 0..4 {
                         for j in 0..4 {
-                            let byte = t.qs[p * 32 + r * 4 + j];
+                            let byte = qs[p * 32 + r * 4 + j];
                             isum += (byte & 0x0f) as i32 * a.qs[b * QK + 4 * p + j] as i32;
                             isum += (byte >> 4) as i32 * a.qs[b * QK + 16 + 4 * p + j] as i32;
                         }
                     }
-                    acc = (t.d[r].to_f32() * a.d[b]).mul_add(isum as f32, acc);
-                    acc = t.m[r].to_f32().mul_add(a.s[b], acc);
+                    acc = (d[r] * a.d[b]).mul_add(isum as f32, acc);
+                    acc = m[r].mul_add(a.s[b], acc);
                 }
                 acc
             })
@@ -257,8 +380,8 @@ mod avx2 {
     }
 
     #[inline(always)]
-    pub unsafe fn q4_1<const R: usize>(
-        tiles: &[TileQ4_1],
+    pub unsafe fn q4<T: FourBit, const R: usize>(
+        tiles: &[T],
         acts: &[QuantizedRow; R],
     ) -> [[f32; TILE_ROWS]; R] {
         unsafe {
@@ -269,12 +392,11 @@ mod avx2 {
             let ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); R];
             for (b, t) in tiles.iter().enumerate() {
-                let d = _mm256_cvtph_ps(_mm_loadu_si128(t.d.as_ptr().cast()));
-                let m = _mm256_cvtph_ps(_mm_loadu_si128(t.m.as_ptr().cast()));
+                let (d, m) = t.scale_vectors();
                 // Sums of up to 8 maddubs pairs stay within i16: 8 * 2 * 15 * 127 = 30480.
                 let mut sum16 = [_mm256_setzero_si256(); R];
                 for p in 0..4 {
-                    let raw = _mm256_loadu_si256(t.qs.as_ptr().add(32 * p).cast());
+                    let raw = _mm256_loadu_si256(t.nibbles().as_ptr().add(32 * p).cast());
                     let lo = _mm256_and_si256(raw, low);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
                     for r in 0..R {
