@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Single-stream speed, side by side: llama.cpp's llama-bench and `osprey bench model` on the
 # same GGUF with the same thread count, runs interleaved (A B A B …), medians of N.
-# Usage: bash bench/llama-bench-compare.sh [repetitions=3] [threads=2]
+# Usage: bash bench/llama-bench-compare.sh [repetitions=3] [threads=2] [model=the default]
+# (model: a name from `osprey models list`, e.g. gemma-3-270m)
 # Needs llama.cpp's binaries: bash ../shared/peers/llama-cpp.sh builds them (~15 min, cached).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-3}
 THREADS=${2:-2}
+MODEL_NAME=${3:-}
 PEERS=${OSPREY_PEERS:-$HOME/.cache/osprey-peers}
 LLAMA_BENCH=${LLAMA_BENCH:-$(ls "$PEERS"/llama.cpp-*/bin/llama-bench 2>/dev/null | head -1)}
 [ -x "$LLAMA_BENCH" ] || { echo "llama-bench not found; run ../shared/peers/llama-cpp.sh first" >&2; exit 1; }
 cargo build --release -q
 OSPREY=${CARGO_TARGET_DIR:-target}/release/osprey
-MODEL=$("$OSPREY" models fetch)
+MODEL=$("$OSPREY" models fetch ${MODEL_NAME:+"$MODEL_NAME"})
 out=$(mktemp -d)
 for i in $(seq "$REPS"); do
   "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -p 512 -n 128 -r 1 -o json 2>/dev/null >"$out/llama-$i.json"
