@@ -18,6 +18,7 @@ mod backpressure;
 mod cache;
 mod conversations;
 mod edge;
+mod embeddings;
 mod flags;
 mod isolation;
 mod llama_server_upstream;

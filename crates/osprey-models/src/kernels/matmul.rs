@@ -316,6 +316,14 @@ mod tests {
     use super::*;
     use candle_core::quantized::k_quants::BlockQ5_0;
 
+    /// GGML blocks as the bytes a GGUF file holds.
+    fn bytes_of<B: GgmlType>(blocks: &[B]) -> &[u8] {
+        // SAFETY: GGML block types are plain `repr(C)` structs of bytes and f16s.
+        unsafe {
+            std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks))
+        }
+    }
+
     /// Q4_K's sub-blocks, repacked with f32 scales, hold exactly the values ggml's Q4_K
     /// dequantizes to.
     #[test]
@@ -329,13 +337,7 @@ mod tests {
         BlockQ4K::from_float(&x, &mut blocks);
         let mut want = vec![0f32; rows * cols];
         BlockQ4K::to_float(&blocks, &mut want);
-        // SAFETY: `BlockQ4K` is a plain `repr(C)` struct of bytes and f16s.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(
-                blocks.as_ptr().cast::<u8>(),
-                std::mem::size_of_val(&blocks[..]),
-            )
-        };
+        let bytes = bytes_of(&blocks);
         let m = QMatrix::from_bytes(WeightFormat::Ggml(GgmlDType::Q4K), rows, cols, bytes).unwrap();
         let mut got = vec![0f32; cols];
         for r in 0..rows {
@@ -375,13 +377,7 @@ mod tests {
         BlockQ5_0::from_float(&x, &mut blocks);
         let mut want = vec![0f32; rows * cols];
         BlockQ5_0::to_float(&blocks, &mut want);
-        // SAFETY: `BlockQ5_0` is a plain `repr(C)` struct of bytes and an f16.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(
-                blocks.as_ptr().cast::<u8>(),
-                std::mem::size_of_val(&blocks[..]),
-            )
-        };
+        let bytes = bytes_of(&blocks);
         let m =
             QMatrix::from_bytes(WeightFormat::Ggml(GgmlDType::Q5_0), rows, cols, bytes).unwrap();
         let mut got = vec![0f32; cols];
