@@ -71,6 +71,56 @@ impl BlockQ4F {
     }
 }
 
+/// A 32-element sub-block of ggml `Q6_K` as `d[h] * q`, `q` in -32..32 for element `k` of half
+/// `h = k / 16`: the super-block's scale times each 16-element group's 8-bit scale, exact in
+/// `f32`, and the 6-bit values widened to bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BlockQ6F {
+    /// Scales of elements 0..16 and 16..32.
+    pub d: [f32; 2],
+    /// Values.
+    pub qs: [i8; QK],
+}
+
+/// Bytes of a ggml `Q6_K` super-block (256 elements): `ql`, `qh`, `scales`, `d`.
+const Q6_K_BYTES: usize = 128 + 64 + 16 + 2;
+
+impl BlockQ6F {
+    /// ggml `Q6_K` tensor bytes as sub-blocks, 8 per super-block, in order.
+    pub fn from_q6_k(bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(bytes.len() / Q6_K_BYTES * 8 * 40);
+        for sb in bytes.chunks_exact(Q6_K_BYTES) {
+            let (ql, rest) = sb.split_at(128);
+            let (qh, rest) = rest.split_at(64);
+            let (scales, d) = rest.split_at(16);
+            let d = f16::from_le_bytes([d[0], d[1]]).to_f32();
+            // ggml's `dequantize_row_q6_K`: each half of 128 takes 64 bytes of low nibbles and
+            // 32 of high bits; element 32i + l of a half is nibble (i / 2) of ql[l + 32(i % 2)]
+            // with bits 2i..2i+2 of qh[l] above it.
+            let mut q = [0i8; 256];
+            for half in 0..2 {
+                let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
+                for l in 0..32 {
+                    for i in 0..4 {
+                        let low = (ql[l + 32 * (i % 2)] >> (4 * (i / 2))) & 0x0f;
+                        let high = (qh[l] >> (2 * i)) & 3;
+                        q[128 * half + 32 * i + l] = (low | (high << 4)) as i8 - 32;
+                    }
+                }
+            }
+            for (j, values) in q.chunks_exact(QK).enumerate() {
+                for h in 0..2 {
+                    let scale = d * scales[2 * j + h] as i8 as f32;
+                    out.extend_from_slice(&scale.to_le_bytes());
+                }
+                out.extend(values.iter().map(|&v| v as u8));
+            }
+        }
+        out
+    }
+}
+
 /// ggml `Q8_0`: 32 weights as `d * q`, `q` in -127..=127.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -1,7 +1,7 @@
 //! Quantized weight matrices and the matrix multiply `out = x · Wᵀ`.
 //!
-//! `Q4_1` and `Q8_0` weights, the formats of the default model, are repacked into 8-row tiles
-//! ([`super::tiles`]) and run Osprey's own kernels: activations are quantized to 8 bits once,
+//! `Q4_1`, `Q8_0`, `Q5_0`, `Q4_K` and `Q6_K` weights (the default model's and Gemma 3's) are
+//! repacked into 8-row tiles ([`super::tiles`]) and run Osprey's own kernels: activations are quantized to 8 bits once,
 //! row tiles are split across the pool, and each weight tile is decoded once for up to four
 //! activation rows.
 //! MXFP4 ([`super::mxfp4`]) uses the same tiles with a lookup of its 16 `e2m1` values.
@@ -12,10 +12,10 @@ use candle_core::quantized::k_quants::{self as kq, GgmlType};
 use half::{bf16, f16};
 use std::cell::RefCell;
 
-use super::blocks::{BlockQ4F, QK, QuantizedRow, QuantizedRows, blocks_from_bytes};
+use super::blocks::{BlockQ4F, BlockQ6F, QK, QuantizedRow, QuantizedRows, blocks_from_bytes};
 use super::mxfp4::{BlockMxfp4, TileMxfp4};
 use super::par::{SharedMut, for_each_range, grain_for};
-use super::tiles::{TILE_ROWS, Tile, TileQ4_1, TileQ4F, TileQ8_0, repack};
+use super::tiles::{TILE_ROWS, Tile, TileQ4_1, TileQ4F, TileQ6F, TileQ8_0, repack};
 
 /// Activation rows that share one decoded weight tile.
 const ROW_TILE: usize = 4;
@@ -122,7 +122,13 @@ impl QMatrix {
                 cols,
             )),
             GgmlDType::Q5K => Box::new(Ggml::<kq::BlockQ5K>::from_bytes(bytes)),
-            GgmlDType::Q6K => Box::new(Ggml::<kq::BlockQ6K>::from_bytes(bytes)),
+            // Each 32-element sub-block with its 6-bit values as bytes, two exact f32 scales.
+            GgmlDType::Q6K => Box::new(Tiled::<TileQ6F>::new(
+                format,
+                &BlockQ6F::from_q6_k(bytes),
+                rows,
+                cols,
+            )),
             GgmlDType::Q8_1 | GgmlDType::Q8K => return None,
         };
         Some(Self {
@@ -352,6 +358,45 @@ mod tests {
         let mut out = vec![0f32; 2 * rows];
         m.matmul(&input, &mut out);
         for t in 0..2 {
+            for r in 0..rows {
+                let exact: f64 = (0..cols)
+                    .map(|k| input[t * cols + k] as f64 * want[r * cols + k] as f64)
+                    .sum();
+                let got = out[t * rows + r] as f64;
+                assert!(
+                    (got - exact).abs() < 0.02 * exact.abs().max(10.0),
+                    "{got} vs {exact}"
+                );
+            }
+        }
+    }
+
+    /// Q6_K's sub-blocks, widened to bytes with f32 scales, hold exactly the values ggml's
+    /// Q6_K dequantizes to, and the kernel computes with them.
+    #[test]
+    fn q6_k_sub_blocks_keep_every_value() {
+        use candle_core::quantized::k_quants::BlockQ6K;
+        let (rows, cols) = (11, 512);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * (1 + i % 7) as f32)
+            .collect();
+        let mut blocks = vec![BlockQ6K::zeros(); rows * cols / 256];
+        BlockQ6K::from_float(&x, &mut blocks);
+        let mut want = vec![0f32; rows * cols];
+        BlockQ6K::to_float(&blocks, &mut want);
+        let bytes = bytes_of(&blocks);
+        let m = QMatrix::from_bytes(WeightFormat::Ggml(GgmlDType::Q6K), rows, cols, bytes).unwrap();
+        let mut got = vec![0f32; cols];
+        for r in 0..rows {
+            m.row_to_f32(r, &mut got);
+            assert_eq!(got, want[r * cols..(r + 1) * cols], "row {r}");
+        }
+        let input: Vec<f32> = (0..3 * cols)
+            .map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0)
+            .collect();
+        let mut out = vec![0f32; 3 * rows];
+        m.matmul(&input, &mut out);
+        for t in 0..3 {
             for r in 0..rows {
                 let exact: f64 = (0..cols)
                     .map(|k| input[t * cols + k] as f64 * want[r * cols + k] as f64)

@@ -10,6 +10,8 @@
 //! `Q8_0` tile 8 `Q8_0` blocks (272 bytes). `Q4_K` is the exception: each 32-element sub-block
 //! becomes a `Q4_1`-shaped block whose scale and offset are the super-block's `d · sc` and
 //! `−dmin · m`, kept exact as `f32` (a [`TileQ4F`] of 192 bytes for 144 bytes of `Q4_K`).
+//! `Q6_K` widens too: each 32-element sub-block's 6-bit values become bytes, with the two
+//! 16-element groups' scales as `f32` (a [`TileQ6F`] of 320 bytes for 210 of `Q6_K`).
 //!
 //! Every output element (one weight row against one activation row) sees the same
 //! instructions in the same order, whichever other rows share the call, so results are
@@ -17,7 +19,7 @@
 
 use half::f16;
 
-use super::blocks::{BlockQ4_1, BlockQ4F, BlockQ8_0, QK, QuantizedRow, read_block};
+use super::blocks::{BlockQ4_1, BlockQ4F, BlockQ6F, BlockQ8_0, QK, QuantizedRow, read_block};
 
 /// Rows per tile.
 pub const TILE_ROWS: usize = 8;
@@ -132,6 +134,17 @@ pub struct TileQ8_0 {
 const _: () = assert!(std::mem::size_of::<TileQ4_1>() == 8 * std::mem::size_of::<BlockQ4_1>());
 const _: () = assert!(std::mem::size_of::<TileQ8_0>() == 8 * std::mem::size_of::<BlockQ8_0>());
 const _: () = assert!(std::mem::size_of::<TileQ4F>() == 8 * std::mem::size_of::<BlockQ4F>());
+const _: () = assert!(std::mem::size_of::<TileQ6F>() == 8 * std::mem::size_of::<BlockQ6F>());
+
+/// Eight rows' [`BlockQ6F`]s (`Q6_K`'s sub-blocks), values interleaved as in [`TileQ8_0`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TileQ6F {
+    /// Per-row scales of elements 0..16, then of 16..32.
+    pub d: [[f32; TILE_ROWS]; 2],
+    /// Interleaved values: `[group g][row r][byte j]`.
+    pub qs: [i8; QK * TILE_ROWS],
+}
 
 /// A weight format stored as 8-row tiles.
 pub trait Tile: Copy + Send + Sync + 'static {
@@ -261,16 +274,10 @@ impl Tile for TileQ8_0 {
     type Block = BlockQ8_0;
 
     fn pack(rows: [&BlockQ8_0; TILE_ROWS]) -> Self {
-        let mut t = TileQ8_0 {
+        TileQ8_0 {
             d: rows.map(|b| b.d),
-            qs: [0; QK * TILE_ROWS],
-        };
-        for g in 0..8 {
-            for (r, b) in rows.iter().enumerate() {
-                t.qs[g * 32 + r * 4..g * 32 + r * 4 + 4].copy_from_slice(&b.qs[4 * g..4 * g + 4]);
-            }
+            qs: interleave_bytes(rows.map(|b| &b.qs)),
         }
-        t
     }
 
     fn value(&self, r: usize, k: usize) -> f32 {
@@ -295,6 +302,52 @@ impl Tile for TileQ8_0 {
         )))]
         portable::q8_0(tiles, acts)
     }
+}
+
+impl Tile for TileQ6F {
+    type Block = BlockQ6F;
+
+    fn pack(rows: [&BlockQ6F; TILE_ROWS]) -> Self {
+        TileQ6F {
+            d: [rows.map(|b| b.d[0]), rows.map(|b| b.d[1])],
+            qs: interleave_bytes(rows.map(|b| &b.qs)),
+        }
+    }
+
+    fn value(&self, r: usize, k: usize) -> f32 {
+        self.qs[(k / 4) * 32 + r * 4 + k % 4] as f32 * self.d[k / 16][r]
+    }
+
+    #[inline]
+    fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
+        // SAFETY: as for `TileQ4_1::dot`.
+        unsafe {
+            avx2::q6(tiles, acts)
+        }
+        #[cfg(not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        )))]
+        portable::q6(tiles, acts)
+    }
+}
+
+/// Interleaves 8 rows' 32 bytes 4 at a time: group `g` (32 bytes) holds bytes `4g..4g+4` of
+/// each row (the layout of [`TileQ8_0`] and [`TileQ6F`]).
+fn interleave_bytes(rows: [&[i8; QK]; TILE_ROWS]) -> [i8; QK * TILE_ROWS] {
+    let mut qs = [0; QK * TILE_ROWS];
+    for g in 0..8 {
+        for (r, b) in rows.iter().enumerate() {
+            qs[g * 32 + r * 4..g * 32 + r * 4 + 4].copy_from_slice(&b[4 * g..4 * g + 4]);
+        }
+    }
+    qs
 }
 
 /// Scalar kernels computing the same sums (for CPUs without AVX2).
@@ -349,6 +402,29 @@ mod portable {
                         isum += t.qs[(k / 4) * 32 + r * 4 + k % 4] as i32 * a.qs[b * QK + k] as i32;
                     }
                     acc = (t.d[r].to_f32() * a.d[b]).mul_add(isum as f32, acc);
+                }
+                acc
+            })
+        })
+    }
+
+    pub fn q6<const R: usize>(
+        tiles: &[TileQ6F],
+        acts: &[QuantizedRow; R],
+    ) -> [[f32; TILE_ROWS]; R] {
+        std::array::from_fn(|i| {
+            let a = &acts[i];
+            std::array::from_fn(|r| {
+                let mut acc = 0f32;
+                for (b, t) in tiles.iter().enumerate() {
+                    for h in 0..2 {
+                        let mut isum = 0i32;
+                        for k in 16 * h..16 * h + 16 {
+                            let w = t.qs[(k / 4) * 32 + r * 4 + k % 4] as i32;
+                            isum += w * a.qs[b * QK + k] as i32;
+                        }
+                        acc = (t.d[h][r] * a.d[b]).mul_add(isum as f32, acc);
+                    }
                 }
                 acc
             })
@@ -447,6 +523,41 @@ mod avx2 {
                 for r in 0..R {
                     let dd = _mm256_mul_ps(d, _mm256_set1_ps(*acts[r].d.get_unchecked(b)));
                     acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum[r]), acc[r]);
+                }
+            }
+            acc.map(|v| to_array(v))
+        }
+    }
+
+    #[inline(always)]
+    pub unsafe fn q6<const R: usize>(
+        tiles: &[TileQ6F],
+        acts: &[QuantizedRow; R],
+    ) -> [[f32; TILE_ROWS]; R] {
+        unsafe {
+            for a in acts {
+                debug_assert!(a.qs.len() >= tiles.len() * QK && a.d.len() >= tiles.len());
+            }
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for (b, t) in tiles.iter().enumerate() {
+                for h in 0..2 {
+                    let d = _mm256_loadu_ps(t.d[h].as_ptr());
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    // Groups 4h..4h+4 hold the 16 elements under scale h.
+                    for g in 4 * h..4 * h + 4 {
+                        let w = _mm256_loadu_si256(t.qs.as_ptr().add(32 * g).cast());
+                        let aw = _mm256_sign_epi8(w, w);
+                        for r in 0..R {
+                            let a = group(acts[r].qs.as_ptr().add(b * QK), 4 * g);
+                            let prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w));
+                            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(prod, ones));
+                        }
+                    }
+                    for r in 0..R {
+                        let dd = _mm256_mul_ps(d, _mm256_set1_ps(*acts[r].d.get_unchecked(b)));
+                        acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum[r]), acc[r]);
+                    }
                 }
             }
             acc.map(|v| to_array(v))
