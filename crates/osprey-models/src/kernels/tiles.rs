@@ -16,6 +16,10 @@
 //! Every output element (one weight row against one activation row) sees the same
 //! instructions in the same order, whichever other rows share the call, so results are
 //! bit-identical alone or in any batch.
+//!
+//! On a CPU with AVX-512 VNNI (found at run time), every integer kernel but MXFP4's uses
+//! `vpdpbusd`, which does `maddubs` + `madd` + the add in one instruction. The integer
+//! sums are exact either way, so the results are the same bits with or without it.
 
 use half::f16;
 
@@ -224,7 +228,10 @@ impl Tile for TileQ4_1 {
         // SAFETY: the features are enabled at compile time; `matmul` passes activation rows
         // of `tiles.len()` blocks.
         unsafe {
-            avx2::q4(tiles, acts)
+            match vnni::available() {
+                true => vnni::q4(tiles, acts),
+                false => avx2::q4(tiles, acts),
+            }
         }
         #[cfg(not(all(
             target_arch = "x86_64",
@@ -259,7 +266,10 @@ impl Tile for TileQ4F {
         ))]
         // SAFETY: as for `TileQ4_1::dot`.
         unsafe {
-            avx2::q4(tiles, acts)
+            match vnni::available() {
+                true => vnni::q4(tiles, acts),
+                false => avx2::q4(tiles, acts),
+            }
         }
         #[cfg(not(all(
             target_arch = "x86_64",
@@ -291,9 +301,12 @@ impl Tile for TileQ8_0 {
             target_feature = "avx2",
             target_feature = "fma"
         ))]
-        // SAFETY: as for `TileQ4_1::dot`.
+        // SAFETY: as for `TileQ4_1::dot`; the VNNI kernel runs only where the CPU has it.
         unsafe {
-            avx2::q8_0(tiles, acts)
+            match vnni::available() {
+                true => vnni::q8_0(tiles, acts),
+                false => avx2::q8_0(tiles, acts),
+            }
         }
         #[cfg(not(all(
             target_arch = "x86_64",
@@ -325,9 +338,12 @@ impl Tile for TileQ6F {
             target_feature = "avx2",
             target_feature = "fma"
         ))]
-        // SAFETY: as for `TileQ4_1::dot`.
+        // SAFETY: as for `TileQ8_0::dot`.
         unsafe {
-            avx2::q6(tiles, acts)
+            match vnni::available() {
+                true => vnni::q6(tiles, acts),
+                false => avx2::q6(tiles, acts),
+            }
         }
         #[cfg(not(all(
             target_arch = "x86_64",
@@ -561,6 +577,214 @@ mod avx2 {
                 }
             }
             acc.map(|v| to_array(v))
+        }
+    }
+}
+
+/// The 8-bit kernels with AVX-512 VNNI on 256-bit registers, for CPUs that have it.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+mod vnni {
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    use super::*;
+
+    /// Whether this CPU has AVX-512 VNNI and VL (checked once).
+    #[inline(always)]
+    pub fn available() -> bool {
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+        })
+    }
+
+    /// `Σ a·w` over one 32-byte group for each act row, added to `isum`: `dpbusd` takes an
+    /// unsigned left operand, so |w| goes left and w's sign moves onto the activations.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn groups<const R: usize>(
+        isum: &mut [__m256i; R],
+        qs: *const i8,
+        groups: std::ops::Range<usize>,
+        acts: &[QuantizedRow; R],
+        b: usize,
+    ) {
+        unsafe {
+            for g in groups {
+                let w = _mm256_loadu_si256(qs.add(32 * g).cast());
+                let aw = _mm256_sign_epi8(w, w);
+                for r in 0..R {
+                    let at = acts[r].qs.as_ptr().add(b * QK + 4 * g);
+                    let a = _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()));
+                    isum[r] = _mm256_dpbusd_epi32(isum[r], aw, _mm256_sign_epi8(a, w));
+                }
+            }
+        }
+    }
+
+    /// [`super::avx2::q8_0`], the same sums.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn q8_0<const R: usize>(
+        tiles: &[TileQ8_0],
+        acts: &[QuantizedRow; R],
+    ) -> [[f32; TILE_ROWS]; R] {
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); R];
+            for (b, t) in tiles.iter().enumerate() {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(t.d.as_ptr().cast()));
+                let mut isum = [_mm256_setzero_si256(); R];
+                groups(&mut isum, t.qs.as_ptr(), 0..8, acts, b);
+                for r in 0..R {
+                    let dd = _mm256_mul_ps(d, _mm256_set1_ps(*acts[r].d.get_unchecked(b)));
+                    acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum[r]), acc[r]);
+                }
+            }
+            acc.map(|v| std::mem::transmute::<__m256, [f32; TILE_ROWS]>(v))
+        }
+    }
+
+    /// [`super::avx2::q4`], the same sums (the 16-bit partial sums there never saturate).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn q4<T: FourBit, const R: usize>(
+        tiles: &[T],
+        acts: &[QuantizedRow; R],
+    ) -> [[f32; TILE_ROWS]; R] {
+        unsafe {
+            let low = _mm256_set1_epi8(0x0f);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for (b, t) in tiles.iter().enumerate() {
+                let (d, m) = t.scale_vectors();
+                let mut isum = [_mm256_setzero_si256(); R];
+                for p in 0..4 {
+                    let raw = _mm256_loadu_si256(t.nibbles().as_ptr().add(32 * p).cast());
+                    let lo = _mm256_and_si256(raw, low);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                    for r in 0..R {
+                        let a = acts[r].qs.as_ptr().add(b * QK);
+                        let (a_lo, a_hi) = (a.add(4 * p), a.add(16 + 4 * p));
+                        let a_lo = _mm256_set1_epi32(std::ptr::read_unaligned(a_lo.cast::<i32>()));
+                        let a_hi = _mm256_set1_epi32(std::ptr::read_unaligned(a_hi.cast::<i32>()));
+                        isum[r] = _mm256_dpbusd_epi32(isum[r], lo, a_lo);
+                        isum[r] = _mm256_dpbusd_epi32(isum[r], hi, a_hi);
+                    }
+                }
+                for r in 0..R {
+                    let isum = _mm256_cvtepi32_ps(isum[r]);
+                    let dd = _mm256_mul_ps(d, _mm256_set1_ps(*acts[r].d.get_unchecked(b)));
+                    acc[r] = _mm256_fmadd_ps(dd, isum, acc[r]);
+                    acc[r] =
+                        _mm256_fmadd_ps(m, _mm256_set1_ps(*acts[r].s.get_unchecked(b)), acc[r]);
+                }
+            }
+            acc.map(|v| std::mem::transmute::<__m256, [f32; TILE_ROWS]>(v))
+        }
+    }
+
+    /// [`super::avx2::q6`], the same sums.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn q6<const R: usize>(
+        tiles: &[TileQ6F],
+        acts: &[QuantizedRow; R],
+    ) -> [[f32; TILE_ROWS]; R] {
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); R];
+            for (b, t) in tiles.iter().enumerate() {
+                for h in 0..2 {
+                    let d = _mm256_loadu_ps(t.d[h].as_ptr());
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    groups(&mut isum, t.qs.as_ptr(), 4 * h..4 * h + 4, acts, b);
+                    for r in 0..R {
+                        let dd = _mm256_mul_ps(d, _mm256_set1_ps(*acts[r].d.get_unchecked(b)));
+                        acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum[r]), acc[r]);
+                    }
+                }
+            }
+            acc.map(|v| std::mem::transmute::<__m256, [f32; TILE_ROWS]>(v))
+        }
+    }
+}
+
+#[cfg(all(
+    test,
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+mod tests {
+    use super::super::blocks::QuantizedRows;
+    use super::*;
+
+    /// Bytes from a fixed xorshift, so every bit pattern comes up.
+    fn noise(n: usize, mut seed: u64) -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 24) as u8
+            })
+            .collect()
+    }
+
+    /// The VNNI kernels give the AVX2 kernels' bits, for 1 to 4 activation rows.
+    #[test]
+    fn vnni_kernels_give_the_same_bits_as_avx2() {
+        if !vnni::available() {
+            eprintln!("this CPU has no AVX-512 VNNI: nothing to compare");
+            return;
+        }
+        let blocks = 16;
+        let bytes = noise(blocks * TILE_ROWS * 40, 7);
+        let q8: Vec<TileQ8_0> = (bytes.chunks_exact(TILE_ROWS * QK).take(blocks))
+            .map(|c| {
+                let row = |r: usize| BlockQ8_0 {
+                    d: f16::from_f32(0.01 * (1 + r) as f32),
+                    qs: std::array::from_fn(|k| (c[r * QK + k] as i8).max(-127)),
+                };
+                let rows: [BlockQ8_0; TILE_ROWS] = std::array::from_fn(row);
+                TileQ8_0::pack(std::array::from_fn(|r| &rows[r]))
+            })
+            .collect();
+        let q6: Vec<TileQ6F> = (bytes.chunks_exact(TILE_ROWS * QK).take(blocks))
+            .map(|c| {
+                let row = |r: usize| BlockQ6F {
+                    d: [0.02 * (1 + r) as f32, -0.03],
+                    qs: std::array::from_fn(|k| (c[r * QK + k] % 64) as i8 - 32),
+                };
+                let rows: [BlockQ6F; TILE_ROWS] = std::array::from_fn(row);
+                TileQ6F::pack(std::array::from_fn(|r| &rows[r]))
+            })
+            .collect();
+        let q4: Vec<TileQ4F> = (bytes.chunks_exact(TILE_ROWS * 16).take(blocks))
+            .map(|c| {
+                let row = |r: usize| BlockQ4F {
+                    d: 0.05 * (1 + r) as f32,
+                    m: -0.4,
+                    qs: std::array::from_fn(|k| c[r * 16 + k]),
+                };
+                let rows: [BlockQ4F; TILE_ROWS] = std::array::from_fn(row);
+                TileQ4F::pack(std::array::from_fn(|r| &rows[r]))
+            })
+            .collect();
+        let x: Vec<f32> = (noise(4 * blocks * QK, 11).iter())
+            .map(|&b| (b as f32 - 128.0) / 37.0)
+            .collect();
+        let mut acts = QuantizedRows::default();
+        acts.quantize(&x, blocks * QK);
+        let rows: [QuantizedRow; 4] = std::array::from_fn(|r| acts.row(r));
+        // SAFETY: the CPU has AVX2 (compiled for) and VNNI (checked above); the activation
+        // rows hold `blocks` blocks.
+        unsafe {
+            assert_eq!(avx2::q8_0(&q8, &rows), vnni::q8_0(&q8, &rows));
+            assert_eq!(avx2::q6(&q6, &rows), vnni::q6(&q6, &rows));
+            assert_eq!(avx2::q4(&q4, &rows), vnni::q4(&q4, &rows));
+            let one = [rows[2]];
+            assert_eq!(avx2::q8_0(&q8, &one), vnni::q8_0(&q8, &one));
         }
     }
 }
