@@ -47,6 +47,18 @@ pub struct SummaryRecord {
     pub content: String,
 }
 
+/// Now in Unix ms, but always after the last fact this process added: two facts added in one
+/// millisecond still list newest first.
+fn fact_time() -> i64 {
+    static LAST: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+    let now = now_ms();
+    let prev = LAST.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+    match prev >= now {
+        true => LAST.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
+        false => now,
+    }
+}
+
 impl Store {
     /// Adds fact `content` of `owner` (from `source`); the same text again is the fact kept
     /// before.
@@ -61,7 +73,7 @@ impl Store {
         .bind(&owner.user)
         .bind(content)
         .bind(source)
-        .bind(now_ms())
+        .bind(fact_time())
         .execute(&self.pool)
         .await?;
         sqlx::query_as(
