@@ -3,10 +3,11 @@
 # `osprey bench serve` interleaving the servers run by run:
 #   A: Osprey vs llama-server (--parallel = concurrency) at 1, 8, 32 streams, plus a chart;
 #   B: Osprey vs Osprey without prefix caching vs llama-server --parallel 32;
-#   F: Osprey's priority scheduling vs the same engine in FCFS order (16 seats, 32 clients).
+#   F: Osprey's priority scheduling vs the same engine in FCFS order (16 seats, 32 clients);
+#   M: memory: peak RSS of Osprey and llama-server at 32 streams of 2,000-token contexts.
 # Every server gets the same GGUF, 2 threads and the same KV memory (llama-server's -c tokens
-# × 23,040 bytes per token of f16 K and V). Results: $OUT/*.json, tables on stdout.
-# Usage: bash bench/serve-compare.sh [runs=3] [workloads="a b f"]
+# × the model's bytes per token of f16 K and V). Results: $OUT/*.json, tables on stdout.
+# Usage: [MODEL_NAME=gemma-3-270m] bash bench/serve-compare.sh [runs=3] [workloads="a b f"]
 # A and B need llama.cpp's binaries: bash ../shared/peers/llama-cpp.sh builds them (~15 min, cached).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,8 +20,13 @@ LLAMA_SERVER=${LLAMA_SERVER:-$(ls "$PEERS"/llama.cpp-*/bin/llama-server 2>/dev/n
 mkdir -p "$OUT"
 cargo build --release -q
 OSPREY=${CARGO_TARGET_DIR:-target}/release/osprey
-MODEL=$("$OSPREY" models fetch)
-KV_TOKEN_BYTES=23040
+MODEL_NAME=${MODEL_NAME:-smollm2-135m-instruct}
+MODEL=$("$OSPREY" models fetch "$MODEL_NAME")
+# f16 K and V: layers × KV heads × head size × 2 × 2 bytes.
+case $MODEL_NAME in
+  gemma-3-270m) KV_TOKEN_BYTES=18432 ;; # 18 × 1 × 256 × 4
+  *) KV_TOKEN_BYTES=23040 ;;            # SmolLM2-135M: 30 × 3 × 64 × 4
+esac
 
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
@@ -46,7 +52,7 @@ start_llama() {
   PID=$!; PIDS+=("$PID"); wait_ready "$1"
 }
 stop() { kill "$@" 2>/dev/null || true; wait "$@" 2>/dev/null || true; }
-bench() { "$OSPREY" bench serve --runs "$RUNS" --seed "$SEED" "$@"; }
+bench() { "$OSPREY" bench serve --runs "$RUNS" --seed "$SEED" --tokenizer "$MODEL" "$@"; }
 
 for w in $WORKLOADS; do
   case $w in
@@ -64,6 +70,17 @@ for w in $WORKLOADS; do
     done
     "$OSPREY" bench serve --from-json "$(IFS=,; echo "${files[*]}")" --chart "$OUT/workload-a.svg" \
       --json "$OUT/a.json"
+    ;;
+  m)
+    # 32 streams of 2,000-token contexts (prompts of up to 1,872 tokens, 128 generated), with
+    # KV for all of them on both sides; llama-server keeps only the window on local layers.
+    start_osprey 8090 65536; osprey=$PID
+    start_llama 8091 32 65536; llama=$PID
+    bench -w a -c 32 --prompt-tokens 1872 --requests-per-client 1 \
+      --url http://127.0.0.1:8090 --label osprey --pid "$osprey" \
+      --compare http://127.0.0.1:8091 --compare-label llama-server --compare-pid "$llama" \
+      --json "$OUT/m.json"
+    stop "$osprey" "$llama"
     ;;
   b)
     # 32 × 1,280 tokens of KV for each server.

@@ -71,6 +71,10 @@ pub struct ServeBenchArgs {
     /// same experts of an MoE model (the skewed-topic mix of KDA's benchmark).
     #[arg(long, default_value_t = 0.0)]
     pub hot_topic: f64,
+    /// A: the longest prompt, in tokens (default 240; each is 2/3 of it or more), for the
+    /// memory of long contexts.
+    #[arg(long)]
+    pub prompt_tokens: Option<usize>,
     /// Repetitions; medians are reported.
     #[arg(long, short = 'r', default_value_t = 3)]
     pub runs: usize,
@@ -151,6 +155,7 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
             WorkloadId::F => 5,
         }),
         seed: args.seed,
+        prompt_tokens: args.prompt_tokens,
         interactive_clients: args.interactive_clients,
         batch_clients: args.batch_clients,
         window: Duration::try_from_secs_f64(args.duration)

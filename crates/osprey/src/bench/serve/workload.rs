@@ -121,6 +121,8 @@ pub struct Shape {
     /// favour different experts of an MoE model: this share in the hot one (code), the rest
     /// spread evenly over the others. At 0 every request is prose.
     pub hot_topic: f64,
+    /// A: prompt tokens per request, at most (default 240; each is 2/3 of it or more).
+    pub prompt_tokens: Option<usize>,
 }
 
 /// Makes prompt text of an exact token length from the model's own vocabulary.
@@ -309,7 +311,8 @@ pub fn levels(id: WorkloadId, shape: &Shape, tokenizer: &Tokenizer) -> Vec<Level
                     .map(|_| ClientPlan {
                         requests: (0..per_client)
                             .map(|_| {
-                                let n = p.len(160..=240);
+                                let most = shape.prompt_tokens.unwrap_or(240);
+                                let n = p.len(most * 2 / 3..=most);
                                 p.request(Class::Interactive, None, n, 128)
                             })
                             .collect(),
@@ -449,6 +452,7 @@ mod tests {
             batch_clients: 0,
             window: Duration::from_secs(1),
             hot_topic: 0.0,
+            prompt_tokens: None,
         };
         let levels = levels(WorkloadId::B, &shape, &t);
         let requests: Vec<&RequestSpec> =
