@@ -36,6 +36,9 @@ pub struct EngineConfig {
     pub max_model_len: Option<usize>,
     /// KV tiers below the pool (host RAM, disk, Redis); none by default.
     pub tiers: TierConfig,
+    /// The name the model is served under: the `model` label of the engine's metrics
+    /// (default: the file's `general.name`, else its file name).
+    pub name: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +51,7 @@ impl Default for EngineConfig {
             threads: 0,
             max_model_len: None,
             tiers: TierConfig::default(),
+            name: None,
         }
     }
 }
@@ -242,14 +246,21 @@ impl Engine {
         stats.total_blocks.store(blocks, Ordering::Relaxed);
         stats.set_policy(config.scheduler.policy);
         let kv = KvCache::new(&mc, blocks);
+        let label: metrics::SharedString = (config.name.clone())
+            .or_else(|| mc.name.clone())
+            .or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .unwrap_or_default()
+            .into();
         let tiers = match config.tiers.enabled() {
             true => {
                 let layout = BlockLayout {
                     len: kv.block_len(),
                     group: osprey_models::BLOCK_SIZE * mc.head_dim,
                 };
-                let start =
-                    || KvTiers::start(config.tiers.clone(), &model_fingerprint(path)?, layout);
+                let start = || {
+                    let fingerprint = model_fingerprint(path)?;
+                    KvTiers::start(config.tiers.clone(), &fingerprint, layout, label.clone())
+                };
                 Some(
                     start()
                         .map_err(|e| ModelError::Input(format!("starting the KV tiers: {e}")))?,
@@ -277,6 +288,7 @@ impl Engine {
                     stats: loop_stats,
                     kv_events: loop_events,
                     tiers,
+                    label,
                 };
                 EngineLoop::new(setup).run(rx)
             })

@@ -1,19 +1,9 @@
 //! Tokenizer, chat template and greedy decoding against llama.cpp's outputs, for SmolLM2 and
 //! Gemma 3, and the promise that batching never changes a sequence's tokens.
 
-use std::sync::OnceLock;
-
 use osprey_core::SamplingParams;
 use osprey_engine::{Engine, GenerateRequest, Generation, Sampled, TemplateMessage};
-use osprey_testkit::{Golden, gemma_golden, gemma_model, golden, shared_engine, test_config};
-
-/// An engine over Gemma 3 270M, shared by this file's tests.
-fn gemma_engine() -> Engine {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE
-        .get_or_init(|| Engine::load(&gemma_model(), test_config()).expect("loading Gemma 3"))
-        .clone()
-}
+use osprey_testkit::{Golden, gemma_engine, gemma_golden, golden, shared_engine};
 
 #[test]
 fn tokenizer_matches_llama_cpp_exactly() {

@@ -33,4 +33,5 @@ mod semantic_cache;
 mod shared_limits;
 mod structured;
 mod tls;
+mod two_models;
 mod upstream_reliability;

@@ -157,7 +157,7 @@ async fn a_failing_model_falls_back_in_order_and_says_so() {
         Upstream::new("medium", &model(&down, &[]), http_client()).unwrap(),
         Upstream::new("small", &model(&up, &[]), http_client()).unwrap(),
     ];
-    check_fallbacks(&upstreams, None).unwrap();
+    check_fallbacks(&upstreams, None::<&str>).unwrap();
     let (store, _) = store().await;
     let auth = Authenticator::new(store).await.unwrap();
     let edge = Edge::new(EdgeConfig::default(), auth, RateLimiter::local());
@@ -236,7 +236,7 @@ fn a_fallback_must_be_another_served_model() {
         check_fallbacks(std::slice::from_ref(&a), Some("nope")).is_ok(),
         "the local model"
     );
-    let err = check_fallbacks(&[a], None).unwrap_err();
+    let err = check_fallbacks(&[a], None::<&str>).unwrap_err();
     assert_eq!(err.0, "a");
     assert!(err.1.contains("fallback `nope`"), "{}", err.1);
     let a = Upstream::new("a", &config(&["a"]), http_client()).unwrap();

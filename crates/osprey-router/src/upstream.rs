@@ -398,14 +398,16 @@ pub const SERVED_BY: &str = "x-osprey-model";
 pub const ROUTE_REASON: &str = "x-osprey-route-reason";
 
 /// Checks that every fallback names another model served here: an upstream among
-/// `upstreams`, or the `local` engine's model.
-pub fn check_fallbacks(
+/// `upstreams`, or one of the `local` engines' models.
+pub fn check_fallbacks<S: AsRef<str>>(
     upstreams: &[Upstream],
-    local: Option<&str>,
+    local: impl IntoIterator<Item = S>,
 ) -> Result<(), (String, String)> {
+    let local: Vec<S> = local.into_iter().collect();
     for u in upstreams {
         for f in &u.fallbacks {
-            let served = local == Some(f.as_str()) || upstreams.iter().any(|o| o.name == *f);
+            let served = local.iter().any(|l| l.as_ref() == f.as_str())
+                || upstreams.iter().any(|o| o.name == *f);
             if *f == u.name || !served {
                 let why = format!(
                     "model `{}`: fallback `{f}` is not another model served here",

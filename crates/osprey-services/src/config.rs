@@ -19,9 +19,9 @@ pub struct ConfigTables {
     /// `[tenants.NAME]`.
     #[serde(default)]
     pub tenants: BTreeMap<String, TenantConfig>,
-    /// `[models.NAME]`: upstream models.
+    /// `[models.NAME]`: upstream models (with a `url`), and settings of models served here.
     #[serde(default)]
-    pub models: BTreeMap<String, UpstreamConfig>,
+    pub models: BTreeMap<String, ModelTable>,
     /// `[[tiers]]`.
     #[serde(default)]
     pub tiers: Vec<TierConfig>,
@@ -41,6 +41,50 @@ impl ConfigTables {
     pub fn parse(text: &str) -> Result<Self, toml::de::Error> {
         toml::from_str(text)
     }
+}
+
+/// A `[models.NAME]` table: an upstream model if it has a `url`, else the settings of a model
+/// this server's engines serve.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(try_from = "toml::Table")]
+pub enum ModelTable {
+    /// An OpenAI-compatible server elsewhere.
+    Upstream(UpstreamConfig),
+    /// A model of `--model`.
+    Local(LocalModelConfig),
+}
+
+impl TryFrom<toml::Table> for ModelTable {
+    type Error = String;
+
+    fn try_from(table: toml::Table) -> Result<Self, String> {
+        let upstream = table.contains_key("url");
+        let value = toml::Value::Table(table);
+        match upstream {
+            true => value.try_into().map(Self::Upstream),
+            false => value.try_into().map(Self::Local),
+        }
+        .map_err(|e: toml::de::Error| e.message().to_owned())
+    }
+}
+
+/// Settings of one model served by this server's engines (`[models.NAME]` without a `url`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LocalModelConfig {
+    /// Its KV pool, e.g. `"1GiB"` or bytes; the models without one share the rest of
+    /// `--kv-cache-memory`.
+    pub kv_cache_memory: Option<Size>,
+}
+
+/// A size in the config file: bytes, or a text like `"512MiB"` the binary parses.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Size {
+    /// A byte count.
+    Bytes(u64),
+    /// `"1GiB"`, `"512MiB"`, ...
+    Text(String),
 }
 
 /// A tenant: who a key acts for, with its limits and policy.

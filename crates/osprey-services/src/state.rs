@@ -1,6 +1,6 @@
 //! What every handler shares, [`Services`]: built once at start from a [`Wiring`] and frozen.
-//! What is set later is set once: the local engine when it has loaded, or why it failed to
-//! (the server answers `/health` while the model loads), and the parts started on first use
+//! What is set later is set once: each local engine when it has loaded, or why it failed to
+//! (the server answers `/health` while the models load), and the parts started on first use
 //! (the embedder, the agent runtime, the request log's writer).
 
 use std::collections::BTreeMap;
@@ -27,7 +27,8 @@ pub struct Services {
 }
 
 struct Inner {
-    local: Option<LocalModel>,
+    /// The models this process's engines serve, in the order they were given.
+    local: Vec<LocalModel>,
     upstreams: BTreeMap<String, Arc<Upstream>>,
     pool: Option<Arc<WorkerPool>>,
     tiers: Option<Tiers>,
@@ -69,6 +70,16 @@ struct LocalModel {
     load_error: OnceLock<String>,
 }
 
+/// A local model as loaded so far: its engine once loaded, or why it failed to load.
+pub struct LocalStatus<'a> {
+    /// The name it is served under.
+    pub name: &'a str,
+    /// Its engine, once loaded.
+    pub engine: Option<&'a Engine>,
+    /// Why it failed to load, if it did.
+    pub load_error: Option<&'a str>,
+}
+
 /// Where a model's requests go.
 pub enum ServedBy {
     /// The engine in this process.
@@ -83,8 +94,9 @@ pub enum ServedBy {
 /// requests use. [`Services::new`] freezes it; nothing changes it afterwards (but the local
 /// engine, set once it has loaded).
 pub struct Wiring {
-    /// The model this process's engine serves, if it runs one.
-    pub local: Option<String>,
+    /// The models this process's engines serve (none without an engine), each on its own
+    /// engine; the first is the default of requests and tools that name no model.
+    pub local: Vec<String>,
     /// The OpenAI-compatible servers elsewhere, by the model names they serve.
     pub upstreams: Vec<Upstream>,
     /// `osprey worker`s serving a model (instead of a local engine).
@@ -114,11 +126,16 @@ impl Wiring {
         Self::new(Some(model_name.into()), Vec::new(), Edge::open())
     }
 
-    /// A server of `local` (a model name, if this process runs an engine) and `upstreams`,
-    /// behind `edge`, with the default policies and an in-memory response cache.
-    pub fn new(local: Option<String>, upstreams: Vec<Upstream>, edge: Edge) -> Self {
+    /// A server of `local` (the names of the models this process's engines serve; none, or an
+    /// `Option`, for one or no engine) and `upstreams`, behind `edge`, with the default
+    /// policies and an in-memory response cache.
+    pub fn new(
+        local: impl IntoIterator<Item = String>,
+        upstreams: Vec<Upstream>,
+        edge: Edge,
+    ) -> Self {
         Self {
-            local,
+            local: local.into_iter().collect(),
             upstreams,
             pool: None,
             tiers: None,
@@ -151,11 +168,13 @@ impl Services {
         } = setup;
         Self {
             inner: Arc::new(Inner {
-                local: local.map(|name| LocalModel {
-                    name,
-                    engine: OnceLock::new(),
-                    load_error: OnceLock::new(),
-                }),
+                local: (local.into_iter())
+                    .map(|name| LocalModel {
+                        name,
+                        engine: OnceLock::new(),
+                        load_error: OnceLock::new(),
+                    })
+                    .collect(),
                 upstreams: upstreams
                     .into_iter()
                     .map(|u| (u.name.clone(), Arc::new(u)))
@@ -318,28 +337,43 @@ impl Services {
         self.inner.pool.as_ref()
     }
 
-    /// Marks the model loaded: requests are served from now on.
+    /// Marks the first local model loaded (the only one, on most servers): its requests are
+    /// served from now on.
     pub fn set_engine(&self, engine: Engine) {
-        if let Some(local) = &self.inner.local {
+        if let Some(local) = self.inner.local.first() {
             let _ = local.engine.set(engine);
         }
     }
 
-    /// Records that loading failed: requests get a 503 saying why.
-    pub fn set_load_error(&self, error: String) {
-        if let Some(local) = &self.inner.local {
-            let _ = local.load_error.set(error);
-        }
+    /// Records how loading the local model `name` ended: its engine, whose requests are served
+    /// from now on, or why it failed, which its requests get in a 503.
+    pub fn set_loaded(&self, name: &str, loaded: Result<Engine, String>) {
+        let Some(local) = self.inner.local.iter().find(|l| l.name == name) else {
+            return;
+        };
+        let _ = match loaded {
+            Ok(engine) => local.engine.set(engine).map_err(drop),
+            Err(why) => local.load_error.set(why).map_err(drop),
+        };
     }
 
-    /// Why the local model failed to load, if it did.
-    pub fn load_error(&self) -> Option<&str> {
-        (self.inner.local.as_ref()).and_then(|l| l.load_error.get().map(String::as_str))
-    }
-
-    /// The local model's name, if this server runs one.
+    /// The first local model's name (the default one), if this server runs an engine.
     pub fn model_name(&self) -> Option<&str> {
-        self.inner.local.as_ref().map(|l| l.name.as_str())
+        self.inner.local.first().map(|l| l.name.as_str())
+    }
+
+    /// The local models, in the order they were given, each as loaded so far.
+    pub fn local_models(&self) -> impl Iterator<Item = LocalStatus<'_>> {
+        self.inner.local.iter().map(|l| LocalStatus {
+            name: &l.name,
+            engine: l.engine.get(),
+            load_error: l.load_error.get().map(String::as_str),
+        })
+    }
+
+    /// Whether `model` is one of the local models.
+    pub fn is_local(&self, model: &str) -> bool {
+        self.inner.local.iter().any(|l| l.name == model)
     }
 
     /// The upstream models.
@@ -352,9 +386,9 @@ impl Services {
         self.inner.created
     }
 
-    /// The local engine, once loaded.
+    /// The first local model's engine (the default one), once loaded.
     pub fn engine(&self) -> Option<&Engine> {
-        self.inner.local.as_ref()?.engine.get()
+        self.inner.local.first()?.engine.get()
     }
 
     /// The edge (keys, limits, admission).
@@ -380,7 +414,7 @@ impl Services {
 
     /// The local engine serving `model`: 404 for a model not served here, 503 while loading.
     pub fn engine_for(&self, model: &str) -> Result<Engine, Error> {
-        let Some(local) = self.inner.local.as_ref().filter(|l| l.name == model) else {
+        let Some(local) = self.inner.local.iter().find(|l| l.name == model) else {
             return Err(Error::model_not_found(model));
         };
         if let Some(e) = local.engine.get() {

@@ -48,7 +48,24 @@ fn fetched(source: &osprey_models::ModelSource) -> PathBuf {
 /// An engine over the default model, shared by the tests of one process.
 pub fn shared_engine() -> Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE.get_or_init(|| engine(test_config())).clone()
+    let config = EngineConfig {
+        name: Some(osprey_models::DEFAULT_MODEL.served_name.into()),
+        ..test_config()
+    };
+    ENGINE.get_or_init(|| engine(config)).clone()
+}
+
+/// An engine over Gemma 3 270M (served as `gemma-3-270m`), shared by the tests of one process.
+pub fn gemma_engine() -> Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    let load = || {
+        let config = EngineConfig {
+            name: Some(osprey_models::fetch::GEMMA_3_270M.served_name.into()),
+            ..test_config()
+        };
+        Engine::load(&gemma_model(), config).expect("loading Gemma 3 270M")
+    };
+    ENGINE.get_or_init(load).clone()
 }
 
 /// The engine configuration tests start from: the defaults with a 256 MiB KV pool.

@@ -227,14 +227,17 @@ impl TlsArgs {
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
     /// The model to serve: a GGUF file, or a name from `osprey models list`, fetched on first use
-    /// (default: smollm2-135m-instruct).
+    /// (default: smollm2-135m-instruct). Repeat it to serve several, each on its own engine and
+    /// KV pool; the first is the default.
     #[arg(long, env = "OSPREY_MODEL")]
-    pub model: Option<PathBuf>,
-    /// Name clients put in `model` (default: the model's file name, or `smollm2-135m-instruct`).
+    pub model: Vec<PathBuf>,
+    /// Name clients put in `model` (default: the catalog name, or the file's name without
+    /// `.gguf`). Repeated, the i-th names the i-th `--model`.
     #[arg(long, env = "OSPREY_SERVED_MODEL_NAME")]
-    pub served_model_name: Option<String>,
+    pub served_model_name: Vec<String>,
     /// KV cache size, e.g. `1GiB`, `512MiB` or bytes (default: a tenth of RAM, 256 MiB–4 GiB;
-    /// memory becomes resident only as it is used).
+    /// memory becomes resident only as it is used). With several models, those without
+    /// `kv_cache_memory` in their `[models.NAME]` share what the others leave, evenly.
     #[arg(long, env = "OSPREY_KV_CACHE_MEMORY", value_parser = parse_bytes)]
     pub kv_cache_memory: Option<usize>,
     /// Turn off reuse of cached prompt prefixes across requests.

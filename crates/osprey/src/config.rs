@@ -43,6 +43,9 @@
 //! url = "http://10.0.0.5:8000/v1"
 //! api_key_env = "VLLM_KEY"
 //! model = "meta-llama/Llama-3.3-70B-Instruct"
+//!
+//! [models.gemma-3-270m]        # a model served here (`--model gemma-3-270m`): no `url`
+//! kv_cache_memory = "512MiB"   # its KV pool; the others share the rest of --kv-cache-memory
 //! ```
 //!
 //! A flag or `OSPREY_*` variable beats the file, which beats the default. The file's flags are
@@ -56,7 +59,9 @@ use anyhow::{Context, bail};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
 use osprey_policy::pipeline::PolicyConfig;
-use osprey_services::config::{ConfigTables, TenantConfig, TierConfig, UpstreamConfig};
+use osprey_services::config::{
+    ConfigTables, LocalModelConfig, ModelTable, TenantConfig, TierConfig, UpstreamConfig,
+};
 
 use crate::cli::{Cli, Command, ServeArgs};
 
@@ -67,7 +72,10 @@ pub struct ConfigFile {
     text: String,
     flags: BTreeMap<String, toml::Value>,
     pub tenants: BTreeMap<String, TenantConfig>,
+    /// The upstream models (`[models.NAME]` with a `url`).
     pub models: BTreeMap<String, UpstreamConfig>,
+    /// Settings of models served here (`[models.NAME]` without one).
+    pub local_models: BTreeMap<String, LocalModelConfig>,
     pub tiers: Vec<TierConfig>,
     pub policies: BTreeMap<String, PolicyConfig>,
     pub agent: osprey_agent::AgentConfig,
@@ -80,12 +88,20 @@ impl ConfigFile {
             .with_context(|| format!("reading the config file {}", path.display()))?;
         let shape =
             ConfigTables::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let (mut models, mut local_models) = (BTreeMap::new(), BTreeMap::new());
+        for (name, table) in shape.models {
+            match table {
+                ModelTable::Upstream(u) => models.insert(name, u).map(drop),
+                ModelTable::Local(l) => local_models.insert(name, l).map(drop),
+            };
+        }
         Ok(Self {
             path: path.to_owned(),
             text,
             flags: shape.flags,
             tenants: shape.tenants,
-            models: shape.models,
+            models,
+            local_models,
             tiers: shape.tiers,
             policies: shape.policies,
             agent: shape.agent,
@@ -229,20 +245,19 @@ pub fn check(path: &Path) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)?,
         );
     }
-    let local = crate::serve::local_model_name(&args);
-    osprey_router::upstream::check_fallbacks(&upstreams, local.as_deref())
+    let local = crate::serve::local_names(&args)?;
+    osprey_router::upstream::check_fallbacks(&upstreams, &local)
         .map_err(|(name, why)| at_model(&name, why))?;
     let floor = args.auto_min_logprob;
-    crate::serve::tiers(
-        &file,
-        args.auto_confidence,
-        floor,
-        &upstreams,
-        local.as_deref(),
-    )
-    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    crate::serve::check_default_models(&file, &upstreams, local.as_deref())
+    crate::serve::tiers(&file, args.auto_confidence, floor, &upstreams, &local)
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    crate::serve::check_default_models(&file, &upstreams, &local)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    if !args.no_engine {
+        let models = crate::models::local_models(&args.engine)?;
+        crate::serve::engine_configs(&args.engine, &models, &file.local_models)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
     crate::serve::policies(&file).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     osprey_agent::Builtins::new(&file.agent)
         .map_err(|e| anyhow::anyhow!("{}: [agent]: {e}", path.display()))?;

@@ -1,4 +1,4 @@
-//! `osprey models fetch|list`, and resolving which model `serve` uses.
+//! `osprey models fetch|list`, and resolving which models `serve` runs: [`local_models`].
 
 use std::path::{Path, PathBuf};
 
@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use osprey_models::fetch::{self, CATALOG, FetchProgress, ModelSource, models_dir};
 use osprey_models::{DEFAULT_MODEL, osprey_home};
 
-use crate::cli::ModelsCommand;
+use crate::cli::{EngineArgs, ModelsCommand};
 
 pub fn run(cmd: ModelsCommand) -> anyhow::Result<()> {
     match cmd {
@@ -137,4 +137,58 @@ impl<'a> ModelArg<'a> {
             ),
         }
     }
+}
+
+/// A model this process's engines serve.
+#[derive(Clone, Debug)]
+pub struct LocalModel {
+    /// The name clients put in `model`.
+    pub name: String,
+    /// What `--model` said (`None`: the default model).
+    arg: Option<PathBuf>,
+}
+
+impl LocalModel {
+    /// Its GGUF file; a catalog model is fetched first if it is not here yet.
+    pub fn path(&self) -> anyhow::Result<PathBuf> {
+        match self.arg.as_deref().map(ModelArg::parse).transpose()? {
+            Some(ModelArg::File(path)) => Ok(path.to_owned()),
+            Some(ModelArg::Catalog(source)) => fetch_model(source),
+            None => fetch_default(),
+        }
+    }
+}
+
+/// The models of `--model` (the default model without one), in order, each under the name
+/// clients use: the matching `--served-model-name`, else the catalog name or the file's name
+/// without `.gguf`. A name that is neither a file nor in the catalog, more names than models,
+/// or two models under one name are errors.
+pub fn local_models(args: &EngineArgs) -> anyhow::Result<Vec<LocalModel>> {
+    let args_given: Vec<Option<PathBuf>> = match args.model.is_empty() {
+        true => vec![None],
+        false => args.model.iter().cloned().map(Some).collect(),
+    };
+    anyhow::ensure!(
+        args.served_model_name.len() <= args_given.len(),
+        "{} --served-model-name for {} model(s): give at most one per --model, in the same order",
+        args.served_model_name.len(),
+        args_given.len()
+    );
+    let mut models: Vec<LocalModel> = Vec::new();
+    for (i, arg) in args_given.into_iter().enumerate() {
+        let default = match arg.as_deref().map(ModelArg::parse).transpose()? {
+            Some(ModelArg::Catalog(source)) => source.served_name.to_owned(),
+            Some(ModelArg::File(path)) => path
+                .file_stem()
+                .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned()),
+            None => DEFAULT_MODEL.served_name.to_owned(),
+        };
+        let name = args.served_model_name.get(i).cloned().unwrap_or(default);
+        anyhow::ensure!(
+            !models.iter().any(|m| m.name == name),
+            "two models are served as `{name}`: name them apart with --served-model-name"
+        );
+        models.push(LocalModel { name, arg });
+    }
+    Ok(models)
 }

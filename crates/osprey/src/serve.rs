@@ -1,6 +1,7 @@
 //! `osprey serve`: load the model in the background, answer HTTP at once.
 
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -10,15 +11,16 @@ use osprey_engine::{
 };
 use osprey_gateway::{HttpConfig, Services, Wiring};
 use osprey_limits::RateLimiter;
-use osprey_models::DEFAULT_MODEL;
 
-use crate::models::ModelArg;
+use crate::models::{LocalModel, local_models};
 use osprey_router::select::Policy;
 use osprey_router::tiers::{Tier, Tiers};
 use osprey_router::upstream::Upstream;
 use osprey_router::workers::WorkerPool;
 use osprey_services::auth::Authenticator;
-use osprey_services::config::{AdmissionConfig, DefaultLimits, EdgeConfig, UpstreamConfig};
+use osprey_services::config::{
+    AdmissionConfig, DefaultLimits, EdgeConfig, LocalModelConfig, Size, UpstreamConfig,
+};
 use osprey_services::edge::Edge;
 use osprey_store::SharedRedis;
 use osprey_store::Store;
@@ -30,9 +32,12 @@ pub fn run(args: ServeArgs, file: ConfigFile) -> anyhow::Result<()> {
     if args.no_metrics {
         osprey_services::metrics::disable();
     }
-    let local = match local_model_name(&args) {
-        Some(name) => Some((model_path(&args.engine)?, name)),
-        None => None,
+    // Fetched before anything listens, with progress on the terminal.
+    let local: Vec<(LocalModel, PathBuf)> = match args.no_engine {
+        true => Vec::new(),
+        false => (local_models(&args.engine)?.into_iter())
+            .map(|m| m.path().map(|p| (m, p)))
+            .collect::<anyhow::Result<_>>()?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -88,14 +93,14 @@ pub fn tiers(
     threshold: f64,
     answer_floor: Option<f64>,
     upstreams: &[Upstream],
-    local: Option<&str>,
+    local: &[String],
 ) -> anyhow::Result<Option<Tiers>> {
     if file.tiers.is_empty() {
         return Ok(None);
     }
     let mut tiers = Vec::new();
     for t in &file.tiers {
-        let served = local == Some(t.model.as_str()) || upstreams.iter().any(|u| u.name == t.model);
+        let served = local.contains(&t.model) || upstreams.iter().any(|u| u.name == t.model);
         anyhow::ensure!(
             served,
             "tier `{}`: model `{}` is not served here",
@@ -122,13 +127,13 @@ pub fn tiers(
 pub fn check_default_models(
     file: &ConfigFile,
     upstreams: &[Upstream],
-    local: Option<&str>,
+    local: &[String],
 ) -> anyhow::Result<()> {
     for (tenant, t) in &file.tenants {
         let Some(model) = &t.default_model else {
             continue;
         };
-        let served = local == Some(model.as_str())
+        let served = local.contains(model)
             || upstreams.iter().any(|u| &u.name == model)
             || (model == osprey_router::auto::AUTO && !file.tiers.is_empty());
         anyhow::ensure!(
@@ -244,43 +249,78 @@ pub fn engine_config(args: &EngineArgs) -> EngineConfig {
             }),
             codec: Codec::parse(&args.kv_codec).unwrap_or_default(),
         },
+        name: None,
     }
 }
 
-fn model_name_from_path(path: &std::path::Path) -> String {
-    path.file_stem()
-        .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+/// The names of the models this process's engines serve (none with `--no-engine`).
+pub fn local_names(args: &ServeArgs) -> anyhow::Result<Vec<String>> {
+    match args.no_engine {
+        true => Ok(Vec::new()),
+        false => Ok(local_models(&args.engine)?
+            .into_iter()
+            .map(|m| m.name)
+            .collect()),
+    }
 }
 
-/// The name the local engine's model is served under, or `None` with `--no-engine`.
-pub fn local_model_name(args: &ServeArgs) -> Option<String> {
-    (!args.no_engine).then(|| served_name(&args.engine))
-}
-
-/// The name the model of `args` is served under.
-pub fn served_name(args: &EngineArgs) -> String {
-    let default = match args.model.as_deref().map(ModelArg::parse) {
-        Some(Ok(ModelArg::Catalog(source))) => source.served_name.to_owned(),
-        Some(_) => model_name_from_path(args.model.as_deref().unwrap_or(Path::new("model"))),
-        None => DEFAULT_MODEL.served_name.to_owned(),
+/// One engine's configuration per model of `models`: the flags', with `--kv-cache-memory`
+/// shared out. A model whose `[models.NAME]` sets `kv_cache_memory` gets that; the others
+/// share the rest evenly, as they share the warm tier's memory and the cold tier's disk.
+pub fn engine_configs(
+    args: &EngineArgs,
+    models: &[LocalModel],
+    tables: &BTreeMap<String, LocalModelConfig>,
+) -> anyhow::Result<Vec<EngineConfig>> {
+    for name in tables.keys() {
+        anyhow::ensure!(
+            models.iter().any(|m| &m.name == name),
+            "[models.{name}] has no `url` and names no model served here (served: {})",
+            models
+                .iter()
+                .map(|m| m.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let set = |m: &LocalModel| -> anyhow::Result<Option<usize>> {
+        let size = tables.get(&m.name).and_then(|t| t.kv_cache_memory.clone());
+        match size {
+            None => Ok(None),
+            Some(Size::Bytes(n)) => Ok(Some(n as usize)),
+            Some(Size::Text(t)) => crate::cli::parse_bytes(&t)
+                .map(Some)
+                .map_err(|e| anyhow::anyhow!("[models.{}] kv_cache_memory: {e}", m.name)),
+        }
     };
-    args.served_model_name.clone().unwrap_or(default)
-}
-
-/// The model file of `args`: `--model`'s file or catalog model, or the default model, fetched
-/// if needed.
-pub fn model_path(args: &EngineArgs) -> anyhow::Result<PathBuf> {
-    match args.model.as_deref().map(ModelArg::parse).transpose()? {
-        Some(ModelArg::File(path)) => Ok(path.to_owned()),
-        Some(ModelArg::Catalog(source)) => crate::models::fetch_model(source),
-        None => crate::models::fetch_default(),
-    }
+    let sizes: Vec<Option<usize>> = models.iter().map(set).collect::<anyhow::Result<_>>()?;
+    let total = (args.kv_cache_memory).unwrap_or_else(osprey_engine::default_kv_cache_bytes);
+    let unset = sizes.iter().filter(|s| s.is_none()).count();
+    let left = total.saturating_sub(sizes.iter().flatten().sum());
+    anyhow::ensure!(
+        unset == 0 || left / unset >= 1 << 20,
+        "--kv-cache-memory {total} B leaves {left} B for {unset} model(s) once the [models.*] \
+         kv_cache_memory are taken: raise it, or set each model's"
+    );
+    let n = models.len().max(1);
+    Ok((models.iter().zip(sizes))
+        .map(|(m, size)| {
+            let mut config = engine_config(args);
+            config.kv_cache_bytes = size.unwrap_or(left / unset.max(1));
+            config.tiers.warm_bytes /= n;
+            if let Some((_, disk)) = &mut config.tiers.cold {
+                *disk /= n as u64;
+            }
+            config.name = Some(m.name.clone());
+            config
+        })
+        .collect())
 }
 
 async fn serve(
     args: ServeArgs,
     file: ConfigFile,
-    local: Option<(PathBuf, String)>,
+    local: Vec<(LocalModel, PathBuf)>,
 ) -> anyhow::Result<()> {
     let client = osprey_router::upstream::http_client();
     let mut upstreams = Vec::new();
@@ -293,17 +333,19 @@ async fn serve(
     {
         upstreams.push(Upstream::new(&name, &config, client.clone()).map_err(anyhow::Error::msg)?);
     }
-    let local_name = local.as_ref().map(|(_, name)| name.as_str());
-    osprey_router::upstream::check_fallbacks(&upstreams, local_name)
+    let models: Vec<LocalModel> = local.iter().map(|(m, _)| m.clone()).collect();
+    let local_names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+    osprey_router::upstream::check_fallbacks(&upstreams, &local_names)
         .map_err(|(_, why)| anyhow::anyhow!(why))?;
     let tiers = tiers(
         &file,
         args.auto_confidence,
         args.auto_min_logprob,
         &upstreams,
-        local_name,
+        &local_names,
     )?;
-    check_default_models(&file, &upstreams, local_name)?;
+    check_default_models(&file, &upstreams, &local_names)?;
+    let configs = engine_configs(&args.engine, &models, &file.local_models)?;
     let policies = policies(&file)?;
     let store_url = store_url(&args.store)?;
     let store = Store::open(&store_url)
@@ -322,23 +364,25 @@ async fn serve(
         None => RateLimiter::local(),
     };
     let edge = Edge::new(edge_config(&args, &file), auth.clone(), limiter);
-    let (pool, local) = match (args.worker.is_empty(), local) {
-        (true, local) => (None, local),
-        (false, None) => anyhow::bail!("--worker serves the model from workers: drop --no-engine"),
-        (false, Some((path, name))) => {
+    let (pool, local) = match (args.worker.is_empty(), &local[..]) {
+        (true, _) => (None, local),
+        (false, []) => anyhow::bail!("--worker serves the model from workers: drop --no-engine"),
+        (false, [(model, path)]) => {
+            let name = &model.name;
             let policy = Policy::parse(&args.routing_policy).context("--routing-policy")?;
-            let prompter = Prompter::load(&path)
+            let prompter = Prompter::load(path)
                 .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
-            let pool = WorkerPool::new(&name, &args.worker, policy, prompter, client.clone())
+            let pool = WorkerPool::new(name, &args.worker, policy, prompter, client.clone())
                 .map_err(anyhow::Error::msg)?;
             let pool = Arc::new(pool);
             pool.follow(client.clone());
             tracing::info!(workers = ?args.worker, policy = policy.as_str(), "serving {name} from workers");
-            (Some(pool), None)
+            (Some(pool), Vec::new())
         }
+        (false, _) => anyhow::bail!("--worker serves one model from workers: give one --model"),
     };
     let state = Services::new(Wiring {
-        local: local.as_ref().map(|(_, name)| name.clone()),
+        local: local.iter().map(|(m, _)| m.name.clone()).collect(),
         upstreams,
         pool,
         tiers,
@@ -361,14 +405,12 @@ async fn serve(
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    if let Some((path, _)) = local {
-        load_in_background(&state, path, engine_config(&args.engine));
+    for ((model, path), config) in local.into_iter().zip(configs) {
+        load_in_background(&state, &model.name, path, config);
     }
-    let models: Vec<String> = state
-        .model_name()
-        .or(state.pool().map(|p| p.name()))
+    let models: Vec<String> = (state.local_models().map(|m| m.name))
+        .chain(state.pool().map(|p| p.name()))
         .map(str::to_owned)
-        .into_iter()
         .chain(state.upstreams().map(|u| format!("{} → {}", u.name, u.url)))
         .collect();
     let access = if auth.is_open() {
@@ -387,19 +429,19 @@ async fn serve(
     Ok(())
 }
 
-/// Loads the model at `path` on a blocking thread; `state` serves it once loaded (or says
-/// why it failed).
-pub fn load_in_background(state: &Services, path: PathBuf, config: EngineConfig) {
-    let loading = state.clone();
+/// Loads the model at `path` on a blocking thread; `state` serves it as `name` once loaded
+/// (or says why it failed).
+pub fn load_in_background(state: &Services, name: &str, path: PathBuf, config: EngineConfig) {
+    let (loading, name) = (state.clone(), name.to_owned());
     tokio::task::spawn_blocking(move || match Engine::load(&path, config) {
         Ok(engine) => {
-            let name = loading.model_name().unwrap_or_default();
-            tracing::info!(model = %name, max_model_len = engine.info().max_model_len, "ready");
-            loading.set_engine(engine);
+            let info = engine.info();
+            tracing::info!(model = %name, max_model_len = info.max_model_len, kv_tokens = info.kv_capacity_tokens, "ready");
+            loading.set_loaded(&name, Ok(engine));
         }
         Err(e) => {
-            tracing::error!(error = %e, path = %path.display(), "the model failed to load");
-            loading.set_load_error(e.to_string());
+            tracing::error!(model = %name, error = %e, path = %path.display(), "the model failed to load");
+            loading.set_loaded(&name, Err(e.to_string()));
         }
     });
 }

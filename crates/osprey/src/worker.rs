@@ -6,10 +6,16 @@ use anyhow::Context;
 use osprey_gateway::{HttpConfig, Services, Wiring};
 
 use crate::cli::WorkerArgs;
-use crate::serve::{engine_config, load_in_background, model_path, served_name, shutdown_signal};
+use crate::models::local_models;
+use crate::serve::{engine_configs, load_in_background, shutdown_signal};
 
 pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
-    let path = model_path(&args.engine)?;
+    let models = local_models(&args.engine)?;
+    let [model] = &models[..] else {
+        anyhow::bail!("a worker serves one model: give one --model");
+    };
+    let path = model.path()?;
+    let config = engine_configs(&args.engine, &models, &Default::default())?.remove(0);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -18,7 +24,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         let state = Services::new(Wiring {
             policies: None,
             response_cache: None,
-            ..Wiring::serving(served_name(&args.engine))
+            ..Wiring::serving(model.name.clone())
         });
         let http = HttpConfig {
             max_body_bytes: args.max_body_bytes,
@@ -29,7 +35,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
-        load_in_background(&state, path, engine_config(&args.engine));
+        load_in_background(&state, &model.name, path, config);
         tracing::info!(%addr, model = state.model_name(), "worker listening");
         osprey_gateway::serve_worker(listener, state, &http, shutdown_signal()).await?;
         Ok(())

@@ -146,17 +146,9 @@ async fn send(
 }
 
 async fn prefix_hits(client: &reqwest::Client, worker: &str) -> f64 {
-    let text = client
-        .get(format!("{worker}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("osprey_prefix_cache_hit_tokens_total "))
-        .map_or(0.0, |v| v.parse().unwrap())
+    let url = format!("{worker}/metrics");
+    (metric(client, &url, "osprey_prefix_cache_hit_tokens_total").await)
+        .expect("the worker's metrics")
 }
 
 /// The sum of metric `name`'s series (all label values) in the Prometheus text at `url`;

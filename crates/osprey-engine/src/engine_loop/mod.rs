@@ -45,6 +45,8 @@ pub struct LoopSetup {
     pub kv_events: Arc<KvEventLog>,
     /// The KV tiers below the pool, when any runs.
     pub tiers: Option<KvTiers>,
+    /// The `model` label of the engine's metrics.
+    pub label: metrics::SharedString,
 }
 
 /// State owned by the engine thread.
@@ -68,6 +70,8 @@ pub struct EngineLoop {
     tiering: Option<Tiering>,
     /// Counters already exported to metrics (they are exported as deltas).
     exported: Exported,
+    /// The `model` label of its metrics.
+    label: metrics::SharedString,
 }
 
 /// Counters as last exported to metrics.
@@ -102,6 +106,7 @@ impl EngineLoop {
             stats: s.stats,
             kv_events: s.kv_events,
             exported: Default::default(),
+            label: s.label,
         }
     }
 
@@ -209,7 +214,8 @@ impl EngineLoop {
     fn step(&mut self) {
         let start = Instant::now();
         let plan = self.scheduler.schedule();
-        metrics::histogram!(names::SCHEDULE_DURATION).record(start.elapsed().as_secs_f64());
+        metrics::histogram!(names::SCHEDULE_DURATION, "model" => self.label.clone())
+            .record(start.elapsed().as_secs_f64());
         if let Some(t) = &self.tiering {
             // Before the forward pass overwrites the blocks the plan evicted.
             t.demote(&mut self.kv_manager.borrow_mut(), &self.kv);
@@ -289,8 +295,10 @@ impl EngineLoop {
         for (k, c, mask) in computed.into_iter().flatten() {
             masks[k] = Some((c, mask));
         }
-        metrics::histogram!(names::BATCH_TOKENS).record(tokens.len() as f64);
-        metrics::histogram!(names::BATCH_SEQUENCES).record(seqs.len() as f64);
+        metrics::histogram!(names::BATCH_TOKENS, "model" => self.label.clone())
+            .record(tokens.len() as f64);
+        metrics::histogram!(names::BATCH_SEQUENCES, "model" => self.label.clone())
+            .record(seqs.len() as f64);
         let kinds: Vec<LogitsWanted> = seqs.iter().map(|s| s.logits).collect();
 
         // Hand each sequence its rows of logits, then score prompts and sample in parallel.
@@ -364,7 +372,7 @@ impl EngineLoop {
             if let Some(sampled) = result.sampled {
                 let id = sampled.id;
                 if seq.generated() == 0 {
-                    metrics::histogram!(names::ENGINE_QUEUE_TO_FIRST_TOKEN, "priority" => seq.priority.as_str())
+                    metrics::histogram!(names::ENGINE_QUEUE_TO_FIRST_TOKEN, "model" => self.label.clone(), "priority" => seq.priority.as_str())
                         .record(seq.arrival.elapsed().as_secs_f64());
                 }
                 seq.send(SeqEvent::Token(sampled));
@@ -390,7 +398,8 @@ impl EngineLoop {
             seq.send(SeqEvent::Finished(seq.finish.unwrap_or(FinishReason::Stop)));
         }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
-        metrics::histogram!(names::STEP_DURATION).record(start.elapsed().as_secs_f64());
+        metrics::histogram!(names::STEP_DURATION, "model" => self.label.clone())
+            .record(start.elapsed().as_secs_f64());
     }
 
     /// Reads what the step's forward pass routed and attended to: the step's expert load for
@@ -409,8 +418,10 @@ impl EngineLoop {
                 rows += s.n_tokens;
             }
             if let Some(load) = RoutedLoad::measure(layout, &all) {
-                metrics::histogram!(names::EXPERT_LOAD_IMBALANCE).record(load.imbalance as f64);
-                metrics::histogram!(names::EXPERTS_ACTIVE).record(load.active_experts as f64);
+                metrics::histogram!(names::EXPERT_LOAD_IMBALANCE, "model" => self.label.clone())
+                    .record(load.imbalance as f64);
+                metrics::histogram!(names::EXPERTS_ACTIVE, "model" => self.label.clone())
+                    .record(load.active_experts as f64);
                 self.stats.record_routing(&load);
             }
         }
@@ -435,7 +446,8 @@ impl EngineLoop {
         let (free, total) = (kv.num_free_blocks(), kv.num_total_blocks());
         let counters = kv.counters();
         let changes = kv.take_changes();
-        metrics::gauge!(names::KV_TIER_BLOCKS, "tier" => "hot").set(kv.num_cached_blocks() as f64);
+        metrics::gauge!(names::KV_TIER_BLOCKS, "model" => self.label.clone(), "tier" => "hot")
+            .set(kv.num_cached_blocks() as f64);
         drop(kv);
         self.kv_events.publish(changes);
         let preemptions = self.scheduler.preemptions();
@@ -455,19 +467,24 @@ impl EngineLoop {
             .store(counters.queried_tokens, Ordering::Relaxed);
         s.prefix_hit_tokens
             .store(counters.hit_tokens, Ordering::Relaxed);
-        metrics::gauge!(names::RUNNING_SEQUENCES).set(running as f64);
-        metrics::gauge!(names::WAITING_SEQUENCES).set(waiting as f64);
-        metrics::gauge!(names::KV_BLOCKS_FREE).set(free as f64);
-        metrics::gauge!(names::KV_BLOCKS_USED).set((total - free) as f64);
+        metrics::gauge!(names::RUNNING_SEQUENCES, "model" => self.label.clone())
+            .set(running as f64);
+        metrics::gauge!(names::WAITING_SEQUENCES, "model" => self.label.clone())
+            .set(waiting as f64);
+        metrics::gauge!(names::KV_BLOCKS_FREE, "model" => self.label.clone()).set(free as f64);
+        metrics::gauge!(names::KV_BLOCKS_USED, "model" => self.label.clone())
+            .set((total - free) as f64);
         let before = &self.exported;
-        metrics::counter!(names::PREFIX_CACHE_QUERIED_TOKENS)
+        metrics::counter!(names::PREFIX_CACHE_QUERIED_TOKENS, "model" => self.label.clone())
             .increment(counters.queried_tokens - before.kv.queried_tokens);
-        metrics::counter!(names::PREFIX_CACHE_HIT_TOKENS)
+        metrics::counter!(names::PREFIX_CACHE_HIT_TOKENS, "model" => self.label.clone())
             .increment(counters.hit_tokens - before.kv.hit_tokens);
-        metrics::counter!(names::KV_BLOCKS_EVICTED)
+        metrics::counter!(names::KV_BLOCKS_EVICTED, "model" => self.label.clone())
             .increment(counters.evicted_blocks - before.kv.evicted_blocks);
-        metrics::counter!(names::PREEMPTIONS).increment(preemptions - before.preemptions);
-        metrics::counter!(names::SCHEDULER_DEFERRALS).increment(deferrals - before.deferrals);
+        metrics::counter!(names::PREEMPTIONS, "model" => self.label.clone())
+            .increment(preemptions - before.preemptions);
+        metrics::counter!(names::SCHEDULER_DEFERRALS, "model" => self.label.clone())
+            .increment(deferrals - before.deferrals);
         self.exported = Exported {
             kv: counters,
             preemptions,

@@ -134,7 +134,8 @@ impl Tiering {
         if evicted.is_empty() {
             return;
         }
-        metrics::counter!(names::KV_TIER_DEMOTED).increment(evicted.len() as u64);
+        metrics::counter!(names::KV_TIER_DEMOTED, "model" => self.tiers.label().clone())
+            .increment(evicted.len() as u64);
         for e in evicted {
             let mut data = Vec::with_capacity(kv.block_len());
             kv.read_block(e.block, &mut data);
@@ -200,7 +201,7 @@ impl Tiering {
                 };
                 self.demote(&mut m, kv);
                 kv.write_block(b, &block.data);
-                metrics::counter!(names::KV_TIER_PROMOTED, "tier" => block.tier.as_str())
+                metrics::counter!(names::KV_TIER_PROMOTED, "model" => self.tiers.label().clone(), "tier" => block.tier.as_str())
                     .increment(1);
                 self.promoted[block.tier as usize] += 1;
             }
@@ -286,7 +287,8 @@ mod tests {
             warm_bytes: 1 << 20,
             ..TierConfig::default()
         };
-        let mut tiering = Tiering::new(KvTiers::start(config, "test", layout).unwrap());
+        let mut tiering =
+            Tiering::new(KvTiers::start(config, "test", layout, "test".into()).unwrap());
         let prompt = |user: u32| (0..70).map(|i| 1000 * user + i).collect();
         let a = Sequence::for_test(&manager, 1, prompt(1), Priority::Interactive);
         let b = Sequence::for_test(&manager, 2, prompt(2), Priority::Interactive);

@@ -191,6 +191,7 @@ pub struct KvTiers {
     done: mpsc::Receiver<Fetched>,
     next_ticket: u64,
     pending: usize,
+    label: metrics::SharedString,
 }
 
 /// How a block's contents are laid out: values per block and per encoding group.
@@ -206,7 +207,13 @@ impl KvTiers {
     /// Starts the tier thread for a model fingerprinted `model` whose blocks are laid out as
     /// `layout`. Opening the cold tier's directory is the only thing that can fail here;
     /// Redis is contacted on first use.
-    pub fn start(config: TierConfig, model: &str, layout: BlockLayout) -> std::io::Result<Self> {
+    /// `label` is the `model` label of its metrics.
+    pub fn start(
+        config: TierConfig,
+        model: &str,
+        layout: BlockLayout,
+        label: metrics::SharedString,
+    ) -> std::io::Result<Self> {
         let cold = match &config.cold {
             Some((dir, cap)) => Some(ColdStore::open(&dir.join(model), *cap)?),
             None => None,
@@ -221,12 +228,14 @@ impl KvTiers {
         };
         let (jobs, rx) = mpsc::channel();
         let (tx, done) = mpsc::channel();
+        let worker_label = label.clone();
         let worker = TierWorker {
             warm: WarmStore::new(config.warm_bytes),
             cold,
             shared,
             codec: config.codec,
             layout,
+            label,
         };
         std::thread::Builder::new()
             .name("osprey-kv-tiers".into())
@@ -236,7 +245,13 @@ impl KvTiers {
             done,
             next_ticket: 0,
             pending: 0,
+            label: worker_label,
         })
+    }
+
+    /// The `model` label of the tiers' metrics.
+    pub fn label(&self) -> &metrics::SharedString {
+        &self.label
     }
 
     /// Hands an evicted block (its contents, as read from the pool) down the tiers.
@@ -283,6 +298,8 @@ struct TierWorker {
     shared: Option<SharedStore>,
     codec: Codec,
     layout: BlockLayout,
+    /// The `model` label of its metrics.
+    label: metrics::SharedString,
 }
 
 impl TierWorker {
@@ -320,10 +337,10 @@ impl TierWorker {
     async fn store(&mut self, block: StoredBlock) {
         if let Some(shared) = &mut self.shared {
             shared.put(&block).await;
-            metrics::counter!(names::KV_TIER_STORED, "tier" => Tier::Shared.as_str()).increment(1);
+            metrics::counter!(names::KV_TIER_STORED, "model" => self.label.clone(), "tier" => Tier::Shared.as_str()).increment(1);
         }
         let down = if self.warm.cap() > 0 {
-            metrics::counter!(names::KV_TIER_STORED, "tier" => Tier::Warm.as_str()).increment(1);
+            metrics::counter!(names::KV_TIER_STORED, "model" => self.label.clone(), "tier" => Tier::Warm.as_str()).increment(1);
             self.warm.insert(block)
         } else {
             vec![block]
@@ -332,7 +349,7 @@ impl TierWorker {
             for b in down {
                 match cold.put(&b) {
                     Ok(()) => {
-                        metrics::counter!(names::KV_TIER_STORED, "tier" => Tier::Cold.as_str())
+                        metrics::counter!(names::KV_TIER_STORED, "model" => self.label.clone(), "tier" => Tier::Cold.as_str())
                             .increment(1)
                     }
                     Err(e) => {
@@ -358,7 +375,7 @@ impl TierWorker {
             else {
                 break;
             };
-            metrics::counter!(names::KV_TIER_HITS, "tier" => tier.as_str()).increment(1);
+            metrics::counter!(names::KV_TIER_HITS, "model" => self.label.clone(), "tier" => tier.as_str()).increment(1);
             out.push(FetchedBlock {
                 hash,
                 tokens,
@@ -367,9 +384,10 @@ impl TierWorker {
             });
         }
         if out.len() < wanted.len() {
-            metrics::counter!(names::KV_TIER_MISSES).increment(1);
+            metrics::counter!(names::KV_TIER_MISSES, "model" => self.label.clone()).increment(1);
         }
-        metrics::histogram!(names::KV_TIER_FETCH_DURATION).record(start.elapsed().as_secs_f64());
+        metrics::histogram!(names::KV_TIER_FETCH_DURATION, "model" => self.label.clone())
+            .record(start.elapsed().as_secs_f64());
         out
     }
 
@@ -396,12 +414,16 @@ impl TierWorker {
 
     fn publish(&self) {
         let warm = Tier::Warm.as_str();
-        metrics::gauge!(names::KV_TIER_BYTES, "tier" => warm).set(self.warm.bytes() as f64);
-        metrics::gauge!(names::KV_TIER_BLOCKS, "tier" => warm).set(self.warm.len() as f64);
+        metrics::gauge!(names::KV_TIER_BYTES, "model" => self.label.clone(), "tier" => warm)
+            .set(self.warm.bytes() as f64);
+        metrics::gauge!(names::KV_TIER_BLOCKS, "model" => self.label.clone(), "tier" => warm)
+            .set(self.warm.len() as f64);
         if let Some(cold) = &self.cold {
             let tier = Tier::Cold.as_str();
-            metrics::gauge!(names::KV_TIER_BYTES, "tier" => tier).set(cold.bytes() as f64);
-            metrics::gauge!(names::KV_TIER_BLOCKS, "tier" => tier).set(cold.len() as f64);
+            metrics::gauge!(names::KV_TIER_BYTES, "model" => self.label.clone(), "tier" => tier)
+                .set(cold.bytes() as f64);
+            metrics::gauge!(names::KV_TIER_BLOCKS, "model" => self.label.clone(), "tier" => tier)
+                .set(cold.len() as f64);
         }
     }
 }

@@ -21,7 +21,7 @@ pub async fn health() -> impl IntoResponse {
     )
 }
 
-/// Readiness: 200 once the local model is loaded, or one of its workers is live (at once
+/// Readiness: 200 once every local model is loaded, or one of its workers is live (at once
 /// without either), 503 before.
 #[utoipa::path(
     get,
@@ -59,25 +59,29 @@ pub async fn ready(State(state): State<Services>) -> impl IntoResponse {
             axum::Json(serde_json::json!({"status": "ready", "upstreams": upstreams})),
         );
     }
-    match state.engine() {
-        Some(engine) => (
-            StatusCode::OK,
-            axum::Json(serde_json::json!({
-                "status": "ready",
-                "model": state.model_name(),
-                "max_model_len": engine.info().max_model_len,
-            })),
-        ),
-        None => {
-            let body = match state.load_error() {
-                Some(e) => {
-                    serde_json::json!({"status": "failed", "model": state.model_name(), "error": e})
-                }
-                None => serde_json::json!({"status": "loading", "model": state.model_name()}),
-            };
-            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body))
-        }
+    // Ready once every local model has loaded; `model` names the first (the default).
+    let models: Vec<serde_json::Value> = (state.local_models())
+        .map(|m| match (m.engine, m.load_error) {
+            (Some(engine), _) => serde_json::json!({"model": m.name, "status": "ready",
+                "max_model_len": engine.info().max_model_len}),
+            (None, Some(e)) => serde_json::json!({"model": m.name, "status": "failed", "error": e}),
+            (None, None) => serde_json::json!({"model": m.name, "status": "loading"}),
+        })
+        .collect();
+    let status_of = |m: &serde_json::Value| m["status"].as_str().unwrap_or_default().to_owned();
+    let status = (models.iter().map(status_of))
+        .find(|s| s != "ready")
+        .unwrap_or_else(|| "ready".to_owned());
+    let mut body = models[0].clone();
+    body["status"] = status.clone().into();
+    if models.len() > 1 {
+        body["models"] = models.into();
     }
+    let code = match status.as_str() {
+        "ready" => StatusCode::OK,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (code, axum::Json(body))
 }
 
 /// Prometheus text exposition (404 with metrics off).

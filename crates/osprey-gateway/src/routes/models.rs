@@ -9,12 +9,12 @@ use osprey_services::error::ApiError;
 use osprey_services::state::Services;
 
 fn cards(state: &Services) -> Vec<ModelCard> {
-    let local = state.model_name().map(|name| ModelCard {
-        id: name.to_owned(),
+    let local = state.local_models().map(|m| ModelCard {
+        id: m.name.to_owned(),
         object: "model".into(),
         created: state.created(),
         owned_by: "osprey".into(),
-        max_model_len: state.engine().map(|e| e.info().max_model_len),
+        max_model_len: m.engine.map(|e| e.info().max_model_len),
     });
     let pool = state.pool().map(|p| ModelCard {
         id: p.name().to_owned(),
@@ -46,7 +46,6 @@ fn cards(state: &Services) -> Vec<ModelCard> {
         max_model_len: Some(osprey_engine::embedder::MAX_TOKENS),
     };
     local
-        .into_iter()
         .chain(pool)
         .chain(upstreams)
         .chain(auto)
@@ -54,7 +53,7 @@ fn cards(state: &Services) -> Vec<ModelCard> {
         .collect()
 }
 
-/// The served models: the local one (or the workers'), every upstream, `auto` with tiers, and
+/// The served models: the local ones (or the workers'), every upstream, `auto` with tiers, and
 /// the embedding model.
 #[utoipa::path(
     get,

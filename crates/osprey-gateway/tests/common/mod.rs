@@ -329,7 +329,7 @@ pub fn tenant(rpm: u64, tpm: u64) -> TenantConfig {
     }
 }
 
-/// A gauge or counter from a gateway's /metrics.
+/// A gauge or counter from a gateway's /metrics: one series, or the sum of a metric's.
 pub async fn metric(base: &str, name: &str) -> Option<f64> {
     let text = reqwest::get(format!("{base}/metrics"))
         .await
@@ -337,8 +337,16 @@ pub async fn metric(base: &str, name: &str) -> Option<f64> {
         .text()
         .await
         .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    // `name` is one series (`name{labels}`), or a metric whose series are summed.
+    let matches = |series: &str| match name.contains('{') {
+        true => series == name,
+        false => series.split('{').next() == Some(name),
+    };
+    let series = text.lines().filter_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        matches(series).then(|| value.parse::<f64>().ok())?
+    });
+    series.reduce(|a, b| a + b)
 }
 
 /// The text of an SSE chat stream: its deltas' content, joined.

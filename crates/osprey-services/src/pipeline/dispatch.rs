@@ -138,7 +138,10 @@ pub(super) async fn dispatch<R: Routed>(
             })
         }
         _ => {
-            state.model_name().inspect(|name| mark(SERVED_BY, name));
+            let model = request.asked.model();
+            if state.is_local(model) {
+                mark(SERVED_BY, model);
+            }
             let mut answered = crate::local::serve(state, &caller, usage, request, writer).await?;
             answered.headers.extend(headers);
             if whole {
