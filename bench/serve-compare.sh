@@ -74,7 +74,10 @@ for w in $WORKLOADS; do
   m)
     # 32 streams of 2,000-token contexts (prompts of up to 1,872 tokens, 128 generated), with
     # KV for all of them on both sides; llama-server keeps only the window on local layers.
-    start_osprey 8090 65536; osprey=$PID
+    # The guards are off: the default jailbreak classifier refuses most of these long
+    # word-salad prompts, and this measures memory, not screening.
+    printf '[policies.none]\nguards = []\n[tenants.default]\npolicy = "none"\n' >"$OUT/no-guards.toml"
+    start_osprey 8090 65536 --config "$OUT/no-guards.toml"; osprey=$PID
     start_llama 8091 32 65536; llama=$PID
     bench -w a -c 32 --prompt-tokens 1872 --requests-per-client 1 \
       --url http://127.0.0.1:8090 --label osprey --pid "$osprey" \

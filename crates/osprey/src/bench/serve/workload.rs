@@ -161,10 +161,13 @@ impl Topic {
 
 impl<'a> PromptMaker<'a> {
     pub fn new(tokenizer: &'a Tokenizer, seed: u64) -> Self {
-        // Whole lowercase words of the vocabulary (byte-level BPE marks a leading space as 'Ġ').
+        // Whole lowercase words of the vocabulary (a leading space is 'Ġ' in byte-level BPE,
+        // '▁' in SentencePiece).
         let words: Vec<String> = (0..tokenizer.vocab_size() as u32)
             .filter_map(|id| tokenizer.id_to_token(id))
-            .filter_map(|t| t.strip_prefix('Ġ').map(str::to_owned))
+            .filter_map(|t| {
+                (t.strip_prefix('Ġ').or_else(|| t.strip_prefix('▁'))).map(str::to_owned)
+            })
             .filter(|w| w.len() >= 3 && w.chars().all(|c| c.is_ascii_lowercase()))
             .collect();
         assert!(words.len() > 100, "the vocabulary has too few plain words");
