@@ -330,62 +330,20 @@ mod tests {
         }
     }
 
-    /// Q4_K's sub-blocks, repacked with f32 scales, hold exactly the values ggml's Q4_K
-    /// dequantizes to.
-    #[test]
-    fn q4_k_sub_blocks_keep_every_value() {
-        use candle_core::quantized::k_quants::BlockQ4K;
-        let (rows, cols) = (9, 512);
+    /// A `rows × 512` matrix of K-quant blocks `B` (`dtype`) holds exactly the values ggml
+    /// dequantizes it to, and the kernel computes with them: against the dequantized matrix in
+    /// f64, within what 8-bit activations cost, for 1 to 3 activation rows.
+    fn check_k_quant<B: GgmlType + Clone>(dtype: GgmlDType, rows: usize) {
+        let cols = 512;
         let x: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * (1 + i % 7) as f32)
             .collect();
-        let mut blocks = vec![BlockQ4K::zeros(); rows * cols / 256];
-        BlockQ4K::from_float(&x, &mut blocks);
+        let mut blocks = vec![B::zeros(); rows * cols / 256];
+        B::from_float(&x, &mut blocks);
         let mut want = vec![0f32; rows * cols];
-        BlockQ4K::to_float(&blocks, &mut want);
-        let bytes = bytes_of(&blocks);
-        let m = QMatrix::from_bytes(WeightFormat::Ggml(GgmlDType::Q4K), rows, cols, bytes).unwrap();
-        let mut got = vec![0f32; cols];
-        for r in 0..rows {
-            m.row_to_f32(r, &mut got);
-            assert_eq!(got, want[r * cols..(r + 1) * cols], "row {r}");
-        }
-        // And the kernel computes with them: against the dequantized matrix in f64, within
-        // what 8-bit activations cost.
-        let input: Vec<f32> = (0..2 * cols)
-            .map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0)
-            .collect();
-        let mut out = vec![0f32; 2 * rows];
-        m.matmul(&input, &mut out);
-        for t in 0..2 {
-            for r in 0..rows {
-                let exact: f64 = (0..cols)
-                    .map(|k| input[t * cols + k] as f64 * want[r * cols + k] as f64)
-                    .sum();
-                let got = out[t * rows + r] as f64;
-                assert!(
-                    (got - exact).abs() < 0.02 * exact.abs().max(10.0),
-                    "{got} vs {exact}"
-                );
-            }
-        }
-    }
-
-    /// Q6_K's sub-blocks, widened to bytes with f32 scales, hold exactly the values ggml's
-    /// Q6_K dequantizes to, and the kernel computes with them.
-    #[test]
-    fn q6_k_sub_blocks_keep_every_value() {
-        use candle_core::quantized::k_quants::BlockQ6K;
-        let (rows, cols) = (11, 512);
-        let x: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * (1 + i % 7) as f32)
-            .collect();
-        let mut blocks = vec![BlockQ6K::zeros(); rows * cols / 256];
-        BlockQ6K::from_float(&x, &mut blocks);
-        let mut want = vec![0f32; rows * cols];
-        BlockQ6K::to_float(&blocks, &mut want);
-        let bytes = bytes_of(&blocks);
-        let m = QMatrix::from_bytes(WeightFormat::Ggml(GgmlDType::Q6K), rows, cols, bytes).unwrap();
+        B::to_float(&blocks, &mut want);
+        let m =
+            QMatrix::from_bytes(WeightFormat::Ggml(dtype), rows, cols, bytes_of(&blocks)).unwrap();
         let mut got = vec![0f32; cols];
         for r in 0..rows {
             m.row_to_f32(r, &mut got);
@@ -408,6 +366,18 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Q4_K's sub-blocks, repacked with f32 scales and offsets.
+    #[test]
+    fn q4_k_sub_blocks_keep_every_value() {
+        check_k_quant::<candle_core::quantized::k_quants::BlockQ4K>(GgmlDType::Q4K, 9);
+    }
+
+    /// Q6_K's sub-blocks, widened to bytes with two f32 scales.
+    #[test]
+    fn q6_k_sub_blocks_keep_every_value() {
+        check_k_quant::<candle_core::quantized::k_quants::BlockQ6K>(GgmlDType::Q6K, 11);
     }
 
     /// Widened Q5_0 blocks hold exactly the values ggml's Q5_0 dequantizes to (every pattern
