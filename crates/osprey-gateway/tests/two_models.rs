@@ -5,6 +5,9 @@
 
 use osprey_engine::Engine;
 use osprey_gateway::{Services, Wiring};
+use osprey_limits::RateLimiter;
+use osprey_services::auth::Authenticator;
+use osprey_services::config::EdgeConfig;
 use osprey_services::edge::Edge;
 use osprey_testkit::{Golden, gemma_engine, gemma_golden, golden, shared_engine};
 use serde_json::{Value, json};
@@ -13,14 +16,20 @@ use crate::common::{metric, serve};
 
 const SMOL: &str = osprey_models::DEFAULT_MODEL.served_name;
 const GEMMA: &str = osprey_models::fetch::GEMMA_3_270M.served_name;
+const ADMIN: &str = "two-models-admin";
 
 /// A server of both models, SmolLM2 first (the default).
 async fn two_model_server() -> (String, Engine, Engine) {
     let (smol, gemma) = (shared_engine(), gemma_engine());
+    let config = EdgeConfig {
+        admin_key: Some(ADMIN.into()),
+        ..EdgeConfig::default()
+    };
+    let edge = Edge::new(config, Authenticator::open(), RateLimiter::local());
     let state = Services::new(Wiring::new(
         [SMOL.to_owned(), GEMMA.to_owned()],
         Vec::new(),
-        Edge::open(),
+        edge,
     ));
     state.set_loaded(SMOL, Ok(smol.clone()));
     state.set_loaded(GEMMA, Ok(gemma.clone()));
@@ -197,4 +206,45 @@ async fn concurrent_requests_over_two_models_each_equal_their_solo_run() {
             "{model} on {prompt:?}: alone and amid 31 others"
         );
     }
+}
+
+/// Each engine has its own scheduler: `?model=NAME` shows and switches one, leaving the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_model_has_its_own_scheduler() {
+    let (base, _, _) = two_model_server().await;
+    let client = reqwest::Client::new();
+    let admin = |method: reqwest::Method, query: &str| {
+        (client.request(method, format!("{base}/admin/scheduler{query}"))).bearer_auth(ADMIN)
+    };
+    let policy = |query: &'static str| {
+        let get = admin(reqwest::Method::GET, query);
+        async move {
+            let body: Value = get.send().await.unwrap().json().await.unwrap();
+            body["policy"].as_str().unwrap_or_default().to_owned()
+        }
+    };
+    let r = (admin(reqwest::Method::PUT, "?model=gemma-3-270m"))
+        .json(&json!({"policy": "fcfs"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(policy("?model=gemma-3-270m").await, "fcfs");
+    assert_eq!(policy("?model=smollm2-135m-instruct").await, "priority");
+    assert_eq!(
+        policy("").await,
+        "priority",
+        "the first model's, by default"
+    );
+    let r = admin(reqwest::Method::GET, "?model=gemma-3-1b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = (admin(reqwest::Method::PUT, "?model=gemma-3-270m"))
+        .json(&json!({"policy": "priority"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 }

@@ -1,11 +1,12 @@
 //! The local engine's scheduler, behind the admin key: `GET /admin/scheduler` shows the policy
 //! in force and what it has done (deferrals, the expert load of an MoE model's steps);
 //! `PUT /admin/scheduler` with `{"policy": "priority" | "fcfs" | "kda"}` switches it while the
-//! server runs, from the engine's next step on.
+//! server runs, from the engine's next step on. With several local models, `?model=NAME` picks
+//! the engine (default: the first model's).
 
 use axum::Json;
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::routing::get;
 use osprey_core::{Error, ErrorKind};
 use osprey_engine::{Engine, SchedulingPolicy};
@@ -19,7 +20,19 @@ pub fn routes() -> Router<Services> {
     Router::new().route("/admin/scheduler", get(show).put(switch))
 }
 
-fn engine(state: &Services) -> Result<Engine, ApiError> {
+/// Which local model's engine (`?model=NAME`; default: the first).
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct Which {
+    /// A local model's name.
+    model: Option<String>,
+}
+
+fn engine(state: &Services, which: &Which) -> Result<Engine, ApiError> {
+    if let Some(model) = &which.model {
+        return state.engine_for(model).map_err(ApiError);
+    }
     state.engine().cloned().ok_or_else(|| {
         ApiError(Error::new(
             ErrorKind::NotFound,
@@ -50,6 +63,7 @@ fn view(engine: &Engine) -> Value {
     path = "/admin/scheduler",
     tag = "admin",
     operation_id = "getScheduler",
+    params(Which),
     responses(
         (status = 200, description = "The scheduler (`policy`, `policies`, `preemptions`, \
             `deferrals`, the expert load of MoE steps)", body = Object),
@@ -58,8 +72,11 @@ fn view(engine: &Engine) -> Value {
     ),
     security(("admin_key" = []))
 )]
-async fn show(State(state): State<Services>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(view(&engine(&state)?)))
+async fn show(
+    State(state): State<Services>,
+    Query(which): Query<Which>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(view(&engine(&state, &which)?)))
 }
 
 /// The policy to switch to.
@@ -76,6 +93,7 @@ struct Switch {
     path = "/admin/scheduler",
     tag = "admin",
     operation_id = "setScheduler",
+    params(Which),
     request_body = Switch,
     responses(
         (status = 200, description = "The scheduler", body = Object),
@@ -87,6 +105,7 @@ struct Switch {
 )]
 async fn switch(
     State(state): State<Services>,
+    Query(which): Query<Which>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let req: Switch = serde_json::from_slice(&body)
@@ -100,7 +119,7 @@ async fn switch(
             ),
         )
     })?;
-    let engine = engine(&state)?;
+    let engine = engine(&state, &which)?;
     engine.set_scheduling_policy(policy)?;
     Ok(Json(view(&engine)))
 }
