@@ -3,6 +3,7 @@
 use serde_json::{Value, json};
 
 use crate::api::{MODEL, send, server};
+use crate::common::get_json;
 
 /// The embedding model is listed under its id, `all-MiniLM-L6-v2`, and answers to that and to
 /// the lower-case spelling it had first; another name is a 404 `model_not_found`.
@@ -10,14 +11,7 @@ use crate::api::{MODEL, send, server};
 async fn the_embedding_model_is_listed_and_answers_to_both_spellings() {
     let base = server().await;
     let client = reqwest::Client::new();
-    let models: Value = client
-        .get(format!("{base}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = get_json(&format!("{base}/v1/models")).await;
     let ids: Vec<&str> = models["data"]
         .as_array()
         .unwrap()
@@ -26,14 +20,7 @@ async fn the_embedding_model_is_listed_and_answers_to_both_spellings() {
         .collect();
     assert_eq!(ids, [MODEL, "all-MiniLM-L6-v2"], "{models}");
     for id in ["all-MiniLM-L6-v2", "all-minilm-l6-v2"] {
-        let card: Value = client
-            .get(format!("{base}/v1/models/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let card = get_json(&format!("{base}/v1/models/{id}")).await;
         assert_eq!(card["id"], "all-MiniLM-L6-v2", "{card}");
         let r = send(
             &base,

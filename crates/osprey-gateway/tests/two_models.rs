@@ -12,7 +12,7 @@ use osprey_services::edge::Edge;
 use osprey_testkit::{Golden, gemma_engine, gemma_golden, golden, shared_engine};
 use serde_json::{Value, json};
 
-use crate::common::{metric, serve};
+use crate::common::{get_json, metric, serve};
 
 const SMOL: &str = osprey_models::DEFAULT_MODEL.served_name;
 const GEMMA: &str = osprey_models::fetch::GEMMA_3_270M.served_name;
@@ -107,10 +107,7 @@ async fn two_models_are_listed_routed_by_name_and_meet_their_goldens() {
         .filter_map(|m| m["id"].as_str())
         .collect();
     assert_eq!(ids, [SMOL, GEMMA, "all-MiniLM-L6-v2"], "{models}");
-    let ready: Value = (client.get(format!("{base}/ready")).send().await.unwrap())
-        .json()
-        .await
-        .unwrap();
+    let ready = get_json(&format!("{base}/ready")).await;
     assert_eq!(ready["status"], "ready", "{ready}");
     assert_eq!(ready["models"].as_array().map(Vec::len), Some(2), "{ready}");
 

@@ -329,6 +329,12 @@ pub fn tenant(rpm: u64, tpm: u64) -> TenantConfig {
     }
 }
 
+/// The JSON body of `GET url`.
+pub async fn get_json(url: &str) -> Value {
+    let r = reqwest::get(url).await.unwrap();
+    r.json().await.unwrap()
+}
+
 /// A gauge or counter from a gateway's /metrics: one series, or the sum of a metric's.
 pub async fn metric(base: &str, name: &str) -> Option<f64> {
     let text = reqwest::get(format!("{base}/metrics"))
