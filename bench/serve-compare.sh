@@ -4,7 +4,8 @@
 #   A: Osprey vs llama-server (--parallel = concurrency) at 1, 8, 32 streams, plus a chart;
 #   B: Osprey vs Osprey without prefix caching vs llama-server --parallel 32;
 #   F: Osprey's priority scheduling vs the same engine in FCFS order (16 seats, 32 clients);
-#   M: memory: peak RSS of Osprey and llama-server at 32 streams of 2,000-token contexts.
+#   M: memory: peak RSS of Osprey and llama-server at 32 streams of 2,000-token contexts;
+#   W: M with Osprey's pool cut to the KV bytes llama-server allocates (its window-sized cache).
 # Every server gets the same GGUF, 2 threads and the same KV memory (llama-server's -c tokens
 # × the model's bytes per token of f16 K and V). Results: $OUT/*.json, tables on stdout.
 # Usage: [MODEL_NAME=gemma-3-270m] bash bench/serve-compare.sh [runs=3] [workloads="a b f"]
@@ -83,6 +84,25 @@ for w in $WORKLOADS; do
       --url http://127.0.0.1:8090 --label osprey --pid "$osprey" \
       --compare http://127.0.0.1:8091 --compare-label llama-server --compare-pid "$llama" \
       --json "$OUT/m.json"
+    stop "$osprey" "$llama"
+    ;;
+  w)
+    # Workload M in the KV memory llama-server actually allocates: for Gemma 3 its sliding-window
+    # layers keep only the window's cells, so its KV is far below -c × bytes per token. Osprey's
+    # pool gets the same bytes (the sizes llama-server logs, summed); Osprey's windowed layers
+    # give their pages back as sequences advance, which is what lets the contexts fit.
+    printf '[policies.none]\nguards = []\n[tenants.default]\npolicy = "none"\n' >"$OUT/no-guards.toml"
+    start_llama 8091 32 65536; llama=$PID
+    kv_mib=$(grep -o 'size = *[0-9.]* MiB' "$OUT/llama-8091.log" | grep -o '[0-9.]*' |
+      awk '{s += $1} END {printf "%d", s}')
+    echo "llama-server KV: $kv_mib MiB; Osprey's pool: the same"
+    "$OSPREY" serve --no-response-cache --port 8090 --model "$MODEL" --threads 2 \
+      --kv-cache-memory "${kv_mib}MiB" --config "$OUT/no-guards.toml" >"$OUT/osprey-8090.log" 2>&1 &
+    osprey=$!; PIDS+=("$osprey"); wait_ready 8090
+    bench -w a -c 32 --prompt-tokens 1872 --requests-per-client 1 \
+      --url http://127.0.0.1:8090 --label osprey --pid "$osprey" \
+      --compare http://127.0.0.1:8091 --compare-label llama-server --compare-pid "$llama" \
+      --json "$OUT/w.json"
     stop "$osprey" "$llama"
     ;;
   b)

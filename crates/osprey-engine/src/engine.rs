@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use osprey_core::{Error, ErrorKind};
-use osprey_models::{KvCache, ModelError, Transformer};
+use osprey_models::{KvCache, KvLayout, ModelError, Transformer};
 
 use crate::chat_template::TemplateMessage;
 use crate::engine_loop::{Command, EngineLoop, LoopSetup};
@@ -84,7 +84,7 @@ pub struct ModelInfo {
     pub max_model_len: usize,
     /// Vocabulary size.
     pub vocab_size: usize,
-    /// KV cache capacity in tokens.
+    /// KV cache capacity in tokens (of a sequence every KV group holds whole).
     pub kv_capacity_tokens: usize,
     /// Bytes of KV cache one token takes.
     pub kv_bytes_per_token: usize,
@@ -211,6 +211,25 @@ pub struct Engine {
     shared: Arc<Shared>,
 }
 
+/// The longest sequence `pages` pages hold: a full group needs a page for each of its blocks; a
+/// windowed group at most its window's and a prefill chunk's (it gives back the rest as the
+/// sequence advances).
+fn kv_capacity_tokens(layout: &KvLayout, pages: usize, chunk: usize) -> usize {
+    use osprey_models::BLOCK_SIZE;
+    let groups = layout.groups();
+    let every_group_whole = pages / groups.len() * BLOCK_SIZE;
+    let capped: usize = (groups.iter())
+        .filter_map(|g| g.window)
+        .map(|w| w.div_ceil(BLOCK_SIZE) + 1 + chunk.div_ceil(BLOCK_SIZE))
+        .sum();
+    let full = groups.iter().filter(|g| g.window.is_none()).count();
+    match pages.checked_sub(capped) {
+        None => every_group_whole,
+        Some(_) if full == 0 => usize::MAX,
+        Some(rest) => every_group_whole.max(rest / full * BLOCK_SIZE),
+    }
+}
+
 impl Engine {
     /// Loads the model at `path` (a GGUF file or a checkpoint directory) and starts the
     /// engine thread.
@@ -222,12 +241,17 @@ impl Engine {
             .max_model_len
             .unwrap_or(mc.context_length)
             .min(mc.context_length);
-        let blocks = KvCache::blocks_for_bytes(&mc, config.kv_cache_bytes).max(1);
+        // Pages: each holds one KV group's layers, so a position costs a page per group (until
+        // a windowed group gives it back).
+        let layout = KvLayout::new(&mc);
+        let groups = layout.groups().len();
+        let blocks = KvCache::blocks_for_bytes(&mc, config.kv_cache_bytes).max(groups);
+        let chunk = config.scheduler.max_num_batched_tokens;
         let info = ModelInfo {
             name: mc.name.clone(),
             max_model_len,
             vocab_size: mc.vocab_size,
-            kv_capacity_tokens: blocks * osprey_models::BLOCK_SIZE,
+            kv_capacity_tokens: kv_capacity_tokens(&layout, blocks, chunk),
             kv_bytes_per_token: mc.kv_bytes_per_token(),
             weight_bytes: model.weight_bytes(),
         };

@@ -494,7 +494,8 @@ impl Scheduler {
             // Its whole prompt must fit in the free blocks, not just this chunk: a sequence
             // admitted on its first chunk alone grows into the others' blocks and preempts them,
             // and they it, recomputing each other's prompts without end.
-            let whole = seq.block_table.blocks_needed(seq.tokens.len());
+            let whole = (seq.block_table)
+                .blocks_to_reach(seq.tokens.len(), self.config.max_num_batched_tokens);
             let alone = self.running.is_empty() && out.scheduled.is_empty();
             if !alone && self.kv.borrow().num_free_blocks() < whole {
                 if matched_now {
@@ -545,7 +546,7 @@ impl Scheduler {
     fn release_waiting_holds(&mut self) -> bool {
         let mut any = false;
         for seq in self.waiting.iter_mut().flatten() {
-            if !seq.block_table.blocks().is_empty() {
+            if !seq.block_table.is_empty() {
                 seq.block_table.release();
                 seq.num_computed = 0;
                 seq.look_below = true;

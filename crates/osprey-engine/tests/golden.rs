@@ -2,8 +2,8 @@
 //! Gemma 3, and the promise that batching never changes a sequence's tokens.
 
 use osprey_core::SamplingParams;
-use osprey_engine::{Engine, GenerateRequest, Generation, Sampled, TemplateMessage};
-use osprey_testkit::{Golden, gemma_engine, gemma_golden, golden, shared_engine};
+use osprey_engine::{Engine, EngineConfig, GenerateRequest, Generation, Sampled, TemplateMessage};
+use osprey_testkit::{Golden, gemma_engine, gemma_golden, gemma_model, golden, shared_engine};
 
 #[test]
 fn tokenizer_matches_llama_cpp_exactly() {
@@ -191,5 +191,42 @@ fn gemma_without_a_template_chats_in_gemma_turns() {
             .tokenizer()
             .end_of_generation()
             .contains(&end_of_turn)
+    );
+}
+
+/// Gemma 3's windowed layers give back their pages as a long prompt advances: a 1,500-token
+/// prompt runs in a pool too small to hold it in every layer, yields the tokens of an engine
+/// with room to spare, and a second run reuses its whole prefix from the cache (the full
+/// layers' blocks and the windowed layers' last 512 positions).
+#[tokio::test]
+async fn gemma_windowed_layers_give_back_pages_behind_the_window() {
+    let prompt = gemma_golden().perplexity.ids[..1500].to_vec();
+    let roomy = gemma_engine();
+    // 6 KV groups of 3 layers: a page is a sixth of a 16-token block of every layer.
+    let page_bytes = roomy.info().kv_bytes_per_token * 16 / 6;
+    let whole = 1508usize.div_ceil(16) * 6;
+    // Prefill chunks of 512 hold at most the full group's 94 blocks and the windowed groups'
+    // 32 + 30 + 30 at the last chunk before they give back: about 404 pages.
+    let pages = 440;
+    assert!(
+        pages < whole,
+        "the pool cannot hold the sequence in every layer"
+    );
+    let config = EngineConfig {
+        kv_cache_bytes: pages * page_bytes,
+        ..osprey_testkit::test_config()
+    };
+    let small = Engine::load(&gemma_model(), config).unwrap();
+    assert_eq!(small.stats().total_blocks(), pages);
+    let want = collect(start(&roomy, prompt.clone(), greedy(8, 1))).await;
+    let got = collect(start(&small, prompt.clone(), greedy(8, 1))).await;
+    assert_eq!(got, want, "tokens and logprobs as with room to spare");
+    let before = small.stats().prefix_hit_tokens();
+    let again = collect(start(&small, prompt, greedy(8, 1))).await;
+    assert_eq!(again, want);
+    assert_eq!(
+        small.stats().prefix_hit_tokens() - before,
+        1488,
+        "every whole block before the last token comes from the cache"
     );
 }

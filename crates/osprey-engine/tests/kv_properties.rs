@@ -1,9 +1,11 @@
 //! Block accounting under random traffic: arrivals sharing prefixes, prefill and decode steps,
-//! finishes, cancellations and preemptions, on a pool small enough to run out. After every
-//! operation the pool must balance exactly.
+//! finishes, cancellations and preemptions, on a pool small enough to run out, with one KV
+//! group or several, windowed ones among them. After every operation the pool must balance
+//! exactly, a windowed group must hold no more than its window needs, and no sequence may be
+//! left to read a page it gave back.
 
 use osprey_engine::kv::{BlockTable, KvCacheManager, SharedKvCacheManager};
-use osprey_models::BLOCK_SIZE;
+use osprey_models::{BLOCK_SIZE, NO_BLOCK};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
@@ -55,7 +57,7 @@ fn step(seq: &mut Seq, n: usize) {
             % 5000;
         seq.tokens.push(next);
     }
-    if seq.table.blocks().is_empty() {
+    if seq.table.is_empty() {
         seq.computed = seq.table.match_prefix(&seq.tokens);
         assert_eq!(seq.computed % BLOCK_SIZE, 0);
         assert!(
@@ -79,8 +81,28 @@ fn check(manager: &SharedKvCacheManager, seqs: &[Seq]) {
     let total = a.num_total();
     let mut holders = vec![0u32; total];
     for s in seqs {
-        assert!(s.table.blocks().len() >= s.computed.div_ceil(BLOCK_SIZE));
-        for &b in s.table.blocks() {
+        for (table, w) in s.table.tables().iter().zip(m.windows()) {
+            assert!(table.len() >= s.computed.div_ceil(BLOCK_SIZE));
+            // What the next position sees is held; in a windowed group, nothing before it.
+            let seen = w.map_or(0, |w| (s.computed + 1).saturating_sub(w) / BLOCK_SIZE);
+            let needed = seen..s.computed.div_ceil(BLOCK_SIZE);
+            assert!(
+                table[needed].iter().all(|&b| b != NO_BLOCK),
+                "a page the sequence reads was given back"
+            );
+            if let Some(w) = w {
+                assert!(
+                    table[..seen].iter().all(|&b| b == NO_BLOCK),
+                    "held behind the window"
+                );
+                let live = table.iter().filter(|&&b| b != NO_BLOCK).count();
+                assert!(
+                    live <= w.div_ceil(BLOCK_SIZE) + 1,
+                    "{live} pages for a window of {w}"
+                );
+            }
+        }
+        for b in s.table.held() {
             holders[b as usize] += 1;
         }
     }
@@ -112,15 +134,11 @@ fn check(manager: &SharedKvCacheManager, seqs: &[Seq]) {
     }
     // No sequence reads a cached block holding other tokens than its own.
     for s in seqs {
-        for (i, &b) in s
-            .table
-            .blocks()
-            .iter()
-            .enumerate()
-            .take(s.computed / BLOCK_SIZE)
-        {
-            if let Some((_, _, tokens)) = cache.entries().find(|e| e.0 == b) {
-                assert_eq!(tokens, &s.tokens[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
+        for table in s.table.tables() {
+            for (i, &b) in table.iter().enumerate().take(s.computed / BLOCK_SIZE) {
+                if let Some((_, _, tokens)) = cache.entries().find(|e| e.0 == b) {
+                    assert_eq!(tokens, &s.tokens[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
+                }
             }
         }
     }
@@ -138,8 +156,19 @@ proptest! {
     })]
 
     #[test]
-    fn block_accounting_balances(ops in prop::collection::vec(op(), 1..200), pool in 4..24usize) {
-        let manager = KvCacheManager::new(pool, true);
+    fn block_accounting_balances(
+        ops in prop::collection::vec(op(), 1..200),
+        pool in 4..24usize,
+        windows in prop_oneof![
+            Just(vec![None]),
+            // Gemma 3's shape: a full group, then windowed ones.
+            Just(vec![None, Some(40), Some(40)]),
+            // Mistral's: every layer windowed.
+            Just(vec![Some(24)]),
+        ],
+    ) {
+        let pool = pool * windows.len();
+        let manager = KvCacheManager::grouped(pool, true, windows);
         let mut seqs: Vec<Seq> = Vec::new();
         for op in ops {
             match op {

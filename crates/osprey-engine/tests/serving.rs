@@ -154,6 +154,48 @@ async fn a_preempted_sequence_resumes_with_identical_output() {
     .await;
 }
 
+/// Gemma 3: sequences that decode past the 512-token window, in a pool too small for all of them
+/// even with their windowed layers' pages given back, are preempted and recomputed, and each
+/// still equals its solo run; every page comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemma_sequences_preempted_past_the_window_resume_with_identical_output() {
+    let reference = osprey_testkit::gemma_engine();
+    let text = &osprey_testkit::gemma_golden().perplexity.ids;
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|i| text[i * 100..i * 100 + 100].to_vec())
+        .collect();
+    let decode = 560;
+    let mut solo = Vec::new();
+    for p in &prompts {
+        solo.push(greedy(&reference, p.clone(), decode).await);
+    }
+    // At 660 positions a sequence holds 42 pages of the full group and at most 33 of each of
+    // the 5 windowed ones: 207. A pool for two and a half of them.
+    let page_bytes = reference.info().kv_bytes_per_token * 16 / 6;
+    let tight = Engine::load(
+        &osprey_testkit::gemma_model(),
+        EngineConfig {
+            kv_cache_bytes: page_bytes * 207 * 5 / 2,
+            ..test_config()
+        },
+    )
+    .unwrap();
+    let together = concurrently(&tight, &prompts, decode).await;
+    assert!(
+        tight.stats().preemptions() > 0,
+        "the pool was meant to run out"
+    );
+    for (i, (a, b)) in solo.iter().zip(&together).enumerate() {
+        assert_eq!(a, b, "request {i} changed by preemption");
+    }
+    let stats = tight.stats();
+    eventually(
+        || async move { (stats.free_blocks() == stats.total_blocks()).then_some(()) },
+        Duration::from_secs(60),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_concurrent_requests_each_equal_their_solo_run() {
     let engine = engine(EngineConfig {

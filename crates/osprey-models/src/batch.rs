@@ -18,8 +18,10 @@ pub struct BatchSeq<'a> {
     pub n_tokens: usize,
     /// Tokens of this sequence already in the KV cache: the first new token's position.
     pub start_pos: usize,
-    /// Blocks holding this sequence's KV, enough for `start_pos + n_tokens` positions.
-    pub block_table: &'a [u32],
+    /// Pages holding this sequence's KV, one table per KV group ([`crate::KvLayout`]), each
+    /// enough for `start_pos + n_tokens` positions (a windowed group's may hold
+    /// [`crate::NO_BLOCK`] before the window).
+    pub block_tables: &'a [Vec<u32>],
     /// Which logits to return.
     pub logits: LogitsWanted,
 }

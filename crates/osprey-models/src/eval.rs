@@ -7,12 +7,11 @@ use crate::transformer::{ForwardScratch, Transformer};
 
 /// Logits after each token of `ids` (`ids.len()` rows of `vocab_size`), in one pass.
 pub fn all_logits(model: &Transformer, ids: &[u32]) -> Vec<f32> {
-    let mut kv = KvCache::new(model.config(), ids.len().div_ceil(BLOCK_SIZE).max(1));
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let (mut kv, tables) = KvCache::for_sequence(model.config(), ids.len());
     let seqs = [BatchSeq {
         n_tokens: ids.len(),
         start_pos: 0,
-        block_table: &table,
+        block_tables: &tables,
         logits: LogitsWanted::All,
     }];
     let mut scratch = ForwardScratch::default();
@@ -44,16 +43,16 @@ pub fn perplexity(model: &Transformer, ids: &[u32]) -> (f64, f64) {
 }
 
 /// Perplexity as [`perplexity`] computes it, but one block of tokens per pass: after each full
-/// block is written, `each_block` may rewrite it in the cache (say, through a lossy encoding),
-/// so every later token attends over what it left. Returns (mean NLL, perplexity).
+/// block is written, `each_block` may rewrite its pages in the cache (say, through a lossy
+/// encoding; it is called once per KV group), so every later token attends over what it left.
+/// Returns (mean NLL, perplexity).
 pub fn perplexity_blockwise(
     model: &Transformer,
     ids: &[u32],
     each_block: &mut dyn FnMut(&mut KvCache, u32),
 ) -> (f64, f64) {
     let v = model.config().vocab_size;
-    let mut kv = KvCache::new(model.config(), ids.len().div_ceil(BLOCK_SIZE).max(1));
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let (mut kv, tables) = KvCache::for_sequence(model.config(), ids.len());
     let mut scratch = ForwardScratch::default();
     let mut nll = 0f64;
     for (b, chunk) in ids.chunks(BLOCK_SIZE).enumerate() {
@@ -61,7 +60,7 @@ pub fn perplexity_blockwise(
         let seqs = [BatchSeq {
             n_tokens: chunk.len(),
             start_pos: start,
-            block_table: &table,
+            block_tables: &tables,
             logits: LogitsWanted::All,
         }];
         let batch = ForwardBatch {
@@ -83,7 +82,9 @@ pub fn perplexity_blockwise(
             nll += lse - row[next as usize] as f64;
         }
         if chunk.len() == BLOCK_SIZE {
-            each_block(&mut kv, table[b]);
+            for table in &tables {
+                each_block(&mut kv, table[b]);
+            }
         }
     }
     let mean = nll / (ids.len() - 1) as f64;
@@ -98,15 +99,14 @@ pub fn argmax(row: &[f32]) -> u32 {
 /// `n` greedy tokens after `prompt`, decoding one token per pass.
 pub fn greedy(model: &Transformer, prompt: &[u32], n: usize) -> Vec<u32> {
     let v = model.config().vocab_size;
-    let mut kv = KvCache::new(model.config(), (prompt.len() + n).div_ceil(BLOCK_SIZE));
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let (mut kv, tables) = KvCache::for_sequence(model.config(), prompt.len() + n);
     let mut scratch = ForwardScratch::default();
     let (mut tokens, mut pos, mut out) = (prompt.to_vec(), 0, Vec::with_capacity(n));
     while out.len() < n {
         let seqs = [BatchSeq {
             n_tokens: tokens.len(),
             start_pos: pos,
-            block_table: &table,
+            block_tables: &tables,
             logits: LogitsWanted::Last,
         }];
         let batch = ForwardBatch {

@@ -20,9 +20,9 @@
 //! # fn main() -> Result<(), osprey_models::ModelError> {
 //! let gguf = GgufFile::open("model.gguf".as_ref())?;
 //! let model = Transformer::load(&gguf)?;
-//! let mut kv = KvCache::new(model.config(), 64);
+//! let (mut kv, tables) = KvCache::for_sequence(model.config(), 3);
 //! let tokens = [1, 2, 3];
-//! let seqs = [BatchSeq { n_tokens: 3, start_pos: 0, block_table: &[0], logits: LogitsWanted::Last }];
+//! let seqs = [BatchSeq { n_tokens: 3, start_pos: 0, block_tables: &tables, logits: LogitsWanted::Last }];
 //! let mut scratch = Default::default();
 //! let logits = model.forward(&ForwardBatch { tokens: &tokens, seqs: &seqs }, &mut kv, &mut scratch);
 //! assert_eq!(logits.len(), model.config().vocab_size);
@@ -55,6 +55,6 @@ pub use fetch::{DEFAULT_MODEL, ModelSource, fetch, osprey_home};
 pub use gguf::GgufFile;
 pub use k3::{K3Config, K3LayerConfig, LatentMoeConfig};
 pub use kernels::matmul::{QMatrix, WeightFormat};
-pub use kv_cache::{BLOCK_SIZE, KvCache};
+pub use kv_cache::{BLOCK_SIZE, KvCache, KvGroup, KvLayout, NO_BLOCK};
 pub use source::WeightSource;
 pub use transformer::{Calibration, ForwardScratch, Transformer};

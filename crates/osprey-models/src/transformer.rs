@@ -184,7 +184,8 @@ impl ForwardScratch {
 
     /// After a pass with heat sampling on: per batch sequence, the attention mass its last
     /// new token put on each of its KV blocks (logical order, summing to 1), averaged over
-    /// the middle and last layers ([`crate::kernels::heat`]). Empty otherwise.
+    /// the middle and last layers of the first KV group ([`crate::kernels::heat`]). Empty
+    /// otherwise.
     pub fn heat(&self) -> &[Vec<f32>] {
         &self.heat
     }
@@ -347,20 +348,31 @@ impl Transformer {
             s.x.iter_mut().for_each(|v| *v *= c.family.embed_scale);
         }
 
-        let mut attn_seqs = Vec::with_capacity(batch.seqs.len());
+        // Per KV group, the sequences as attention reads them (through that group's tables).
+        let layout = kv.layout().clone();
+        let mut attn_seqs = vec![Vec::with_capacity(batch.seqs.len()); layout.groups().len()];
         let mut row_seq = Vec::with_capacity(t);
         let mut first_row = 0;
         for (idx, seq) in batch.seqs.iter().enumerate() {
-            attn_seqs.push(AttentionSeq {
-                first_row,
-                n_new: seq.n_tokens,
-                start_pos: seq.start_pos,
-                block_table: seq.block_table,
-            });
+            for (group, table) in attn_seqs.iter_mut().zip(seq.block_tables) {
+                group.push(AttentionSeq {
+                    first_row,
+                    n_new: seq.n_tokens,
+                    start_pos: seq.start_pos,
+                    block_table: table,
+                });
+            }
             row_seq.extend((0..seq.n_tokens).map(|i| (idx, seq.start_pos + i)));
             first_row += seq.n_tokens;
         }
         assert_eq!(first_row, t, "sequence lengths do not add up to the batch");
+        // Heat is sampled on the middle and last layers of the first group (full attention
+        // when the model has any).
+        let heat_layers = &layout.groups()[0].layers;
+        let heat_layers = [
+            heat_layers[heat_layers.len() / 2],
+            heat_layers[heat_layers.len() - 1],
+        ];
         let positions = || row_seq.iter().map(|&(_, pos)| pos);
         let rope = RopeTable::new(&c.rope, positions());
         let local_rope = c.local_rope().map(|r| RopeTable::new(&r, positions()));
@@ -398,6 +410,7 @@ impl Transformer {
                 add_bias(&mut s.qkv, bias);
             }
             let how = c.layer_attention(l);
+            let group = layout.group(l);
             let rope = match how.local_rope {
                 true => local_rope.as_ref().unwrap_or(&rope),
                 false => &rope,
@@ -418,12 +431,13 @@ impl Transformer {
                 rope.apply(c.rope.style, i, hd, q);
                 rope.apply(c.rope.style, i, hd, k);
                 let (seq, pos) = row_seq[i];
-                kv.write(l, batch.seqs[seq].block_table, pos, k, v);
+                kv.write(l, &batch.seqs[seq].block_tables[group], pos, k, v);
             }
-            if s.sample_heat && (l == c.n_layers / 2 || l == c.n_layers - 1) {
-                self.sample_heat(batch, &attn_seqs, shape, kv, l, s);
+            let attn_seqs = &attn_seqs[group];
+            if s.sample_heat && heat_layers.contains(&l) {
+                self.sample_heat(batch, attn_seqs, shape, kv, l, s);
             }
-            attention(shape, &s.qkv, qkv_dim, kv, l, &attn_seqs, &mut s.attn);
+            attention(shape, &s.qkv, qkv_dim, kv, l, attn_seqs, &mut s.attn);
             layer.wo.matmul(&s.attn, &mut s.tmp);
             if let Some(norm) = &layer.post_attn_norm {
                 rms_norm_in_place(&mut s.tmp, norm, c.rms_eps);
@@ -515,7 +529,7 @@ impl Transformer {
             let row = a.first_row + seq.n_tokens - 1;
             let q = &s.qkv[row * qkv_dim..row * qkv_dim + q_dim];
             let pos = seq.start_pos + seq.n_tokens - 1;
-            let mass = block_mass(shape, q, kv, l, seq.block_table, pos);
+            let mass = block_mass(shape, q, kv, l, a.block_table, pos);
             let heat = &mut s.heat[i];
             heat.resize(mass.len(), 0.0);
             for (h, m) in heat.iter_mut().zip(mass) {

@@ -6,7 +6,8 @@
 use std::path::Path;
 
 use osprey_models::{
-    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, LogitsWanted, Transformer,
+    BatchSeq, ForwardBatch, ForwardScratch, GgufFile, KvCache, KvLayout, LogitsWanted, NO_BLOCK,
+    Transformer,
 };
 use osprey_testkit::{Golden, default_model, gemma_golden, gemma_model, golden};
 
@@ -136,19 +137,23 @@ fn gemma_computes_the_same_alone_in_chunks_and_in_a_batch_past_its_window() {
 }
 
 /// The last logits of `ids` in one pass equal, bit for bit, those of `ids` in two chunks
-/// (split at `split`), the second batched with `other`.
+/// (split at `split`), the second batched with `other`. Between the chunks, the windowed KV
+/// groups give back the pages behind the window, as the engine does: attention must not read
+/// them.
 fn check_chunked(model: &Transformer, ids: &[u32], other: &[u32], split: usize) {
+    /// A sequence's new tokens, its start position and its block tables.
+    type Part<'a> = (&'a [u32], usize, Vec<Vec<u32>>);
     let c = model.config();
-    let last_logits = |batch: &[(&[u32], usize, Vec<u32>)], kv: &mut KvCache| {
+    let last_logits = |batch: &[Part], kv: &mut KvCache| {
         let mut tokens = Vec::new();
         let seqs: Vec<BatchSeq> = batch
             .iter()
-            .map(|(t, start, table)| {
+            .map(|(t, start, tables)| {
                 tokens.extend_from_slice(t);
                 BatchSeq {
                     n_tokens: t.len(),
                     start_pos: *start,
-                    block_table: table,
+                    block_tables: tables,
                     logits: LogitsWanted::Last,
                 }
             })
@@ -165,19 +170,31 @@ fn check_chunked(model: &Transformer, ids: &[u32], other: &[u32], split: usize) 
             )
             .to_vec()
     };
+    let layout = KvLayout::new(c);
+    let groups = layout.groups().len() as u32;
     let blocks = |n: usize| n.div_ceil(osprey_models::BLOCK_SIZE) as u32;
     let (n, m) = (blocks(ids.len()), blocks(other.len()));
-    let table: Vec<u32> = (0..n).collect();
-    let mut kv = KvCache::new(c, (n + m) as usize);
-    let alone = last_logits(&[(ids, 0, table.clone())], &mut kv);
+    // Group g's pages of a sequence are its pages in a pool per group, offset by g pools.
+    let tables = |pages: std::ops::Range<u32>| -> Vec<Vec<u32>> {
+        (0..groups)
+            .map(|g| pages.clone().map(|b| b + g * (n + m)).collect())
+            .collect()
+    };
+    let mut kv = KvCache::new(c, (groups * (n + m)) as usize);
+    let alone = last_logits(&[(ids, 0, tables(0..n))], &mut kv);
     // The same sequence in other blocks, as two chunks, the second batched with another
     // sequence.
-    let moved: Vec<u32> = (m..m + n).collect();
-    let other_table: Vec<u32> = (0..m).collect();
-    let mut kv = KvCache::new(c, (n + m) as usize);
+    let mut moved = tables(m..m + n);
+    let mut kv = KvCache::new(c, (groups * (n + m)) as usize);
     last_logits(&[(&ids[..split], 0, moved.clone())], &mut kv);
+    for (table, group) in moved.iter_mut().zip(layout.groups()) {
+        if let Some(w) = group.window {
+            let behind = (split + 1).saturating_sub(w) / osprey_models::BLOCK_SIZE;
+            table[..behind].fill(NO_BLOCK);
+        }
+    }
     let both = last_logits(
-        &[(other, 0, other_table), (&ids[split..], split, moved)],
+        &[(other, 0, tables(0..m)), (&ids[split..], split, moved)],
         &mut kv,
     );
     let chunked = &both[c.vocab_size..];

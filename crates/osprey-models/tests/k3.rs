@@ -154,15 +154,11 @@ fn moefication_is_exact_with_every_expert_and_lossy_with_fewer() {
 /// Mean over MoE layers of the busiest expert's share of `ids`' tokens, times the experts.
 fn imbalance(model: &Transformer, ids: &[u32]) -> f32 {
     let (e, k) = model.moe_layout()[0];
-    let mut kv = KvCache::new(
-        model.config(),
-        ids.len().div_ceil(osprey_models::BLOCK_SIZE),
-    );
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let (mut kv, tables) = KvCache::for_sequence(model.config(), ids.len());
     let seqs = [BatchSeq {
         n_tokens: ids.len(),
         start_pos: 0,
-        block_table: &table,
+        block_tables: &tables,
         logits: LogitsWanted::Last,
     }];
     let mut scratch = ForwardScratch::default();

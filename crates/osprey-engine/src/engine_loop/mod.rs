@@ -85,7 +85,8 @@ struct Exported {
 impl EngineLoop {
     /// Builds the loop's state (on the engine thread: the KV bookkeeping is not `Send`).
     pub fn new(s: LoopSetup) -> Self {
-        let kv_manager = KvCacheManager::new(s.kv.num_blocks(), s.prefix_caching);
+        let kv_manager =
+            KvCacheManager::grouped(s.kv.num_blocks(), s.prefix_caching, s.kv.layout().windows());
         kv_manager.borrow_mut().set_tiering(s.tiers.is_some());
         let experts = ExpertLayout::from_layers(&s.model.moe_layout());
         let mut scheduler = Scheduler::new(s.scheduler, kv_manager.clone());
@@ -258,7 +259,7 @@ impl EngineLoop {
             seqs.push(BatchSeq {
                 n_tokens: s.n_tokens,
                 start_pos: start,
-                block_table: seq.block_table.blocks(),
+                block_tables: seq.block_table.tables(),
                 logits,
             });
         }
@@ -431,7 +432,7 @@ impl EngineLoop {
             for (s, mass) in scheduled.iter().zip(heat) {
                 let seq = &mut running[s.index];
                 seq.heat.observe(mass);
-                kv.record_heat(seq.block_table.blocks(), mass);
+                kv.record_heat(&seq.block_table.tables()[0], mass);
             }
         }
     }

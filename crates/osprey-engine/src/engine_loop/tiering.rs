@@ -9,13 +9,13 @@
 //! contents until the next forward pass (or a fetched block) writes there, so every allocation
 //! is followed by [`Tiering::demote`] before anything is written.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use osprey_core::metrics as names;
 use osprey_models::{BLOCK_SIZE, KvCache};
 
-use crate::kv::{BlockHash, KvCacheManager, SharedKvCacheManager, chain_from};
+use crate::kv::{BlockHash, KvCacheManager, SharedKvCacheManager, chain_from, group_key};
 use crate::sequence::Sequence;
 use crate::tiers::{FetchedBlock, KvTiers};
 
@@ -25,10 +25,11 @@ type Chain = Vec<(BlockHash, [u32; BLOCK_SIZE])>;
 /// A sequence waiting on the tiers for the part of its prefix below the pool.
 struct Parked {
     seq: Sequence,
-    /// Leading blocks of its prefix that were in the pool when it was parked.
-    hot: usize,
-    /// Blocks asked of the tiers, or brought up once the fetch is done.
-    asked: usize,
+    /// The pages of its prefix that were in the pool when it was parked (by key).
+    hot: HashSet<BlockHash>,
+    /// The KV group and block hash of each page asked of the tiers, by key.
+    asked: HashMap<BlockHash, (usize, BlockHash)>,
+    /// Pages brought up once the fetch is done.
     blocks: Vec<FetchedBlock>,
 }
 
@@ -64,7 +65,7 @@ impl Tiering {
 
     /// Blocks asked for or brought up and not yet in the pool.
     fn blocks_in_flight(&self) -> usize {
-        let asked: usize = self.parked.values().map(|p| p.asked).sum();
+        let asked: usize = self.parked.values().map(|p| p.asked.len()).sum();
         asked + self.fetched.iter().map(|p| p.blocks.len()).sum::<usize>()
     }
 
@@ -101,26 +102,34 @@ impl Tiering {
         if !seq.prefix_cacheable {
             return Some(seq);
         }
-        // Whole blocks only, and at least one token left to compute (as the prefix cache).
-        let chain: Chain = chain_from(seq.block_table.root(), &seq.tokens)
-            .into_iter()
-            .zip(seq.tokens.chunks_exact(BLOCK_SIZE))
-            .map(|(h, t)| (h, t.try_into().expect("a full block")))
-            .collect();
-        let hot = manager.borrow().cached_prefix_len(&chain);
-        if hot == chain.len() {
+        let chain = chain(&seq);
+        let m = manager.borrow();
+        if m.cached_prefix_len(&chain) == chain.len() {
+            drop(m);
             seq.num_computed = seq.block_table.match_prefix(&seq.tokens);
             return Some(seq);
         }
+        let missing = m.missing(&chain);
+        let hot = hot_keys(&m, &chain);
+        drop(m);
         // What is in the pool is evicted last while the rest comes up.
-        manager.borrow_mut().touch(&chain[..hot]);
-        let asked = chain.len() - hot;
-        tracing::debug!(seq = seq.id, hot, asked, "looking below the pool");
-        let ticket = self.tiers.fetch(chain[hot..].to_vec());
+        manager.borrow_mut().touch(&chain);
+        tracing::debug!(
+            seq = seq.id,
+            hot = hot.len(),
+            asked = missing.len(),
+            "looking below the pool"
+        );
+        let wanted = (missing.iter())
+            .map(|&(g, hash, tokens)| (group_key(hash, g), tokens))
+            .collect();
+        let ticket = self.tiers.fetch(wanted);
         let parked = Parked {
             seq,
             hot,
-            asked,
+            asked: (missing.iter())
+                .map(|&(g, hash, _)| (group_key(hash, g), (g, hash)))
+                .collect(),
             blocks: Vec::new(),
         };
         self.parked.insert(ticket, parked);
@@ -161,7 +170,12 @@ impl Tiering {
         for fetched in self.tiers.poll(wait) {
             if let Some(mut p) = self.parked.remove(&fetched.ticket) {
                 let found = fetched.blocks.len();
-                tracing::debug!(seq = p.seq.id, asked = p.asked, found, "fetched from below");
+                tracing::debug!(
+                    seq = p.seq.id,
+                    asked = p.asked.len(),
+                    found,
+                    "fetched from below"
+                );
                 p.blocks = fetched.blocks;
                 self.fetched.push_back(p);
             }
@@ -188,15 +202,15 @@ impl Tiering {
             let Parked {
                 mut seq,
                 hot,
+                asked,
                 mut blocks,
-                ..
             } = p;
             blocks.truncate(room);
-            let expected = hot + blocks.len();
             let mut m = manager.borrow_mut();
             // Last blocks first: a prefix's first blocks are then the last of it evicted.
             for block in blocks.into_iter().rev() {
-                let Some(b) = m.adopt(block.hash, &block.tokens) else {
+                let (group, hash) = asked[&block.hash];
+                let Some(b) = m.adopt(group, hash, &block.tokens) else {
                     continue;
                 };
                 self.demote(&mut m, kv);
@@ -205,6 +219,12 @@ impl Tiering {
                     .increment(1);
                 self.promoted[block.tier as usize] += 1;
             }
+            // What it would hold had nothing it found in the pool gone down meanwhile.
+            let chain = chain(&seq);
+            let expected = m.hit_len(chain.len(), |g, i| {
+                let (hash, tokens) = &chain[i];
+                hot.contains(&group_key(*hash, g)) || m.lookup(g, *hash, tokens).is_some()
+            });
             drop(m);
             // The sequence holds all its prefix from now on: until it is scheduled, nothing
             // else (the next fetch, another sequence's growth) can evict it.
@@ -231,6 +251,26 @@ impl Tiering {
     }
 }
 
+/// The hashes of `seq`'s prompt blocks a prefix hit can cover, with their tokens: whole blocks
+/// only, and at least one token left to compute (as the prefix cache).
+fn chain(seq: &Sequence) -> Chain {
+    chain_from(seq.block_table.root(), &seq.tokens)
+        .into_iter()
+        .zip(seq.tokens.chunks_exact(BLOCK_SIZE))
+        .map(|(h, t)| (h, t.try_into().expect("a full block")))
+        .collect()
+}
+
+/// The keys of every group's pages of `chain` the pool holds.
+fn hot_keys(m: &KvCacheManager, chain: &Chain) -> HashSet<BlockHash> {
+    let groups = m.windows().len();
+    (chain.iter())
+        .flat_map(|(hash, tokens)| {
+            (0..groups).filter_map(move |g| m.lookup(g, *hash, tokens).map(|_| group_key(*hash, g)))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use osprey_core::Priority;
@@ -241,6 +281,15 @@ mod tests {
 
     /// A pool of `blocks` blocks of a one-layer, one-head model, 4 values a position.
     fn pool(blocks: usize) -> (SharedKvCacheManager, KvCache) {
+        pool_of_groups(blocks, vec![None])
+    }
+
+    /// [`pool`], its pages shared by KV groups with these windows (the pages' layout does not
+    /// change what the tiers do).
+    fn pool_of_groups(
+        blocks: usize,
+        windows: Vec<Option<usize>>,
+    ) -> (SharedKvCacheManager, KvCache) {
         let config = ModelConfig {
             arch: Arch::Llama,
             name: None,
@@ -262,23 +311,12 @@ mod tests {
             },
             family: Default::default(),
         };
-        let manager = KvCacheManager::new(blocks, true);
+        let manager = KvCacheManager::grouped(blocks, true, windows);
         manager.borrow_mut().set_tiering(true);
         (manager, KvCache::new(&config, blocks))
     }
 
-    fn chain(seq: &Sequence) -> Chain {
-        chain_from(seq.block_table.root(), &seq.tokens)
-            .into_iter()
-            .zip(seq.tokens.chunks_exact(BLOCK_SIZE))
-            .map(|(h, t)| (h, t.try_into().expect("a full block")))
-            .collect()
-    }
-
-    #[test]
-    fn fetched_prefixes_enter_the_pool_only_as_far_as_there_is_room_for_all_of_them() {
-        // 7 blocks, one sequence running (2 kept spare): room for one 4-block prefix, not two.
-        let (manager, mut kv) = pool(7);
+    fn tiering(kv: &KvCache) -> Tiering {
         let layout = BlockLayout {
             len: kv.block_len(),
             group: BLOCK_SIZE * 4,
@@ -287,8 +325,47 @@ mod tests {
             warm_bytes: 1 << 20,
             ..TierConfig::default()
         };
-        let mut tiering =
-            Tiering::new(KvTiers::start(config, "test", layout, "test".into()).unwrap());
+        Tiering::new(KvTiers::start(config, "test", layout, "test".into()).unwrap())
+    }
+
+    /// With a windowed KV group, a prefix comes up as every group needs it: the full group's
+    /// pages all, the windowed group's only those the first position after it sees.
+    #[test]
+    fn a_windowed_group_brings_up_only_its_window() {
+        let (manager, mut kv) = pool_of_groups(16, vec![None, Some(32)]);
+        let mut tiering = tiering(&kv);
+        let prompt: Vec<u32> = (0..70).collect();
+        let seq = Sequence::for_test(&manager, 1, prompt, Priority::Interactive);
+        let chain = chain(&seq);
+        for (hash, tokens) in &chain {
+            for g in 0..2 {
+                let data = vec![g as u16; kv.block_len()];
+                tiering.tiers.store(group_key(*hash, g), *tokens, data, 0.0);
+            }
+        }
+        assert!(tiering.look_below(vec![seq], &manager, 16).is_empty());
+        let mut ready = Vec::new();
+        while ready.is_empty() {
+            ready.extend(tiering.collect(&manager, &mut kv, Duration::from_secs(5), 0));
+        }
+        // 4 blocks of the full group; of the windowed group, blocks 2 and 3 (position 64
+        // sees 33 to 64).
+        assert_eq!(tiering.promoted[0], 6);
+        let seq = &ready[0];
+        assert_eq!(seq.num_computed, 64);
+        let tables = seq.block_table.tables();
+        assert!(tables[0].iter().all(|&b| b != osprey_models::NO_BLOCK));
+        assert_eq!(&tables[1][..2], &[osprey_models::NO_BLOCK; 2]);
+        let mut data = Vec::new();
+        kv.read_block(tables[1][2], &mut data);
+        assert_eq!(data[0], 1, "the windowed group's page came up in its place");
+    }
+
+    #[test]
+    fn fetched_prefixes_enter_the_pool_only_as_far_as_there_is_room_for_all_of_them() {
+        // 7 blocks, one sequence running (2 kept spare): room for one 4-block prefix, not two.
+        let (manager, mut kv) = pool(7);
+        let mut tiering = tiering(&kv);
         let prompt = |user: u32| (0..70).map(|i| 1000 * user + i).collect();
         let a = Sequence::for_test(&manager, 1, prompt(1), Priority::Interactive);
         let b = Sequence::for_test(&manager, 2, prompt(2), Priority::Interactive);
@@ -315,7 +392,7 @@ mod tests {
         let a = &ready[0];
         assert_eq!(a.num_computed, 64, "and a holds it");
         let mut data = Vec::new();
-        kv.read_block(a.block_table.blocks()[0], &mut data);
+        kv.read_block(a.block_table.tables()[0][0], &mut data);
         assert_eq!(data[0], 1000, "the block's contents came up with it");
         let again = tiering.collect(&manager, &mut kv, Duration::ZERO, 1);
         assert!(

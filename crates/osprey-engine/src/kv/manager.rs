@@ -1,15 +1,16 @@
-//! The scheduler's view of KV memory: block tables that reuse cached prefixes, grow on
-//! demand and free themselves on drop.
+//! The scheduler's view of KV memory: one pool of pages shared by every KV group, the prefix
+//! cache over them, and what the sequences' block tables ([`super::BlockTable`]) draw on.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use osprey_models::BLOCK_SIZE;
+use osprey_models::{BLOCK_SIZE, NO_BLOCK};
 
 use super::block_allocator::BlockAllocator;
+pub use super::block_table::BlockTable;
+use super::prefix_cache::{BlockHash, PrefixCache, group_key};
 #[cfg(test)]
-use super::prefix_cache::prefix_hashes;
-use super::prefix_cache::{BlockHash, PrefixCache, block_hash, root_hash};
+use super::prefix_cache::{prefix_hashes, root_hash};
 
 /// Counters of the KV cache, for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -26,12 +27,14 @@ pub struct KvCacheCounters {
 /// every [`BlockTable`].
 #[derive(Debug)]
 pub struct KvCacheManager {
-    allocator: BlockAllocator,
-    cache: PrefixCache,
-    prefix_caching: bool,
-    counters: KvCacheCounters,
+    pub(super) allocator: BlockAllocator,
+    pub(super) cache: PrefixCache,
+    pub(super) prefix_caching: bool,
+    /// Per KV group, the positions its layers see (`None`: all), as `osprey_models::KvLayout`.
+    windows: Vec<Option<usize>>,
+    pub(super) counters: KvCacheCounters,
     /// Changes to the prefix cache since they were last taken.
-    changes: KvChanges,
+    pub(super) changes: KvChanges,
     /// Per block, the attention its content has drawn: a decaying sum of sampled attention
     /// mass (0 for a block holding nothing worth keeping).
     heat: Vec<f32>,
@@ -41,13 +44,13 @@ pub struct KvCacheManager {
     evicted: Vec<EvictedBlock>,
 }
 
-/// A cached block reused for other content: what lower tiers need to keep it. Its contents
+/// A cached page reused for other content: what lower tiers need to keep it. Its contents
 /// stay in the pool until the next forward pass writes there.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvictedBlock {
-    /// The block it occupied.
+    /// The page it occupied.
     pub block: u32,
-    /// Its chained hash.
+    /// Its key: the chained hash of its tokens, made distinct per KV group ([`group_key`]).
     pub hash: BlockHash,
     /// Its tokens.
     pub tokens: [u32; BLOCK_SIZE],
@@ -59,8 +62,8 @@ pub struct EvictedBlock {
 /// is reused first, so the order is least recently freed, adjusted by attention.
 const EVICTION_WINDOW: usize = 8;
 
-/// Blocks that entered and left the prefix cache: what a router needs to know which prompts a
-/// worker holds.
+/// Blocks that entered and left the prefix cache (the first KV group's): what a router needs
+/// to know which prompts a worker holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KvChanges {
     /// Hashes of blocks newly cached.
@@ -80,18 +83,36 @@ impl KvChanges {
 pub type SharedKvCacheManager = Rc<RefCell<KvCacheManager>>;
 
 impl KvCacheManager {
-    /// A manager over `blocks` blocks; `prefix_caching` enables reuse across requests.
+    /// A manager over `blocks` blocks of one full-attention group; `prefix_caching` enables
+    /// reuse across requests.
     pub fn new(blocks: usize, prefix_caching: bool) -> SharedKvCacheManager {
+        Self::grouped(blocks, prefix_caching, vec![None])
+    }
+
+    /// A manager over `blocks` pages shared by KV groups with these windows (see
+    /// `osprey_models::KvLayout::windows`).
+    pub fn grouped(
+        blocks: usize,
+        prefix_caching: bool,
+        windows: Vec<Option<usize>>,
+    ) -> SharedKvCacheManager {
+        assert!(!windows.is_empty(), "at least one KV group");
         Rc::new(RefCell::new(Self {
             allocator: BlockAllocator::new(blocks),
             cache: PrefixCache::default(),
             prefix_caching,
+            windows,
             counters: KvCacheCounters::default(),
             changes: KvChanges::default(),
             heat: vec![0.0; blocks],
             tiering: false,
             evicted: Vec::new(),
         }))
+    }
+
+    /// Per KV group, the positions its layers see (`None`: all).
+    pub fn windows(&self) -> &[Option<usize>] {
+        &self.windows
     }
 
     /// Blocks not held by any sequence.
@@ -140,48 +161,125 @@ impl KvCacheManager {
         std::mem::take(&mut self.evicted)
     }
 
-    /// How many leading blocks of `chain` (hashes with their tokens) the pool holds.
-    pub fn cached_prefix_len(&self, chain: &[(BlockHash, [u32; BLOCK_SIZE])]) -> usize {
-        if !self.prefix_caching {
-            return 0;
-        }
-        (chain.iter())
-            .take_while(|(h, t)| self.cache.get(*h, t).is_some())
-            .count()
+    /// The page of group `group` caching the block hashed `hash` with `tokens`.
+    pub fn lookup(&self, group: usize, hash: BlockHash, tokens: &[u32]) -> Option<u32> {
+        self.cache.get(group_key(hash, group), tokens)
     }
 
-    /// Moves the free blocks among the leading cached blocks of `chain` to the back of the
-    /// eviction queue, without holding them: the last of the pool to be evicted, the first
-    /// block last of all (as when a sequence releases its blocks).
-    pub fn touch(&mut self, chain: &[(BlockHash, [u32; BLOCK_SIZE])]) {
-        let cached: Vec<u32> = (chain.iter())
-            .map_while(|(hash, tokens)| self.cache.get(*hash, tokens))
-            .collect();
-        for &block in cached.iter().rev() {
-            if self.allocator.ref_count(block) == 0 {
-                self.allocator.acquire(block);
-                self.allocator.release(block, true);
+    /// The longest prefix, in blocks, of a chain of `n` blocks that every KV group can serve,
+    /// where `has(group, i)` says whether group `group` has block `i`: a full group needs every
+    /// block before the hit, a windowed group only those the first position after it sees.
+    pub fn hit_len(&self, n: usize, has: impl Fn(usize, usize) -> bool) -> usize {
+        let full = || (0..self.windows.len()).filter(|&g| self.windows[g].is_none());
+        let mut hit = (0..n).take_while(|&i| full().all(|g| has(g, i))).count();
+        // Lowering the hit for one windowed group moves the others' windows: until none moves.
+        loop {
+            let before = hit;
+            for (g, w) in self.windows.iter().enumerate() {
+                let Some(w) = *w else { continue };
+                if let Some(miss) = (first_seen_block(hit * BLOCK_SIZE, w)..hit)
+                    .rev()
+                    .find(|&i| !has(g, i))
+                {
+                    // Every hit past the miss sees it.
+                    hit = miss;
+                }
+            }
+            if hit == before {
+                return hit;
             }
         }
     }
 
-    /// Takes in a block brought up from a lower tier: a free block now caches `hash`
-    /// (`tokens`), evicted last among the free. Returns the block to write its contents into,
-    /// or `None` if it is cached already, caching is off or no block is free.
-    pub fn adopt(&mut self, hash: BlockHash, tokens: &[u32; BLOCK_SIZE]) -> Option<u32> {
-        if !self.prefix_caching || self.cache.get(hash, tokens).is_some() {
+    /// How many leading blocks of `chain` (hashes with their tokens) a request can take from
+    /// the pool: every group's part of them is cached.
+    pub fn cached_prefix_len(&self, chain: &[(BlockHash, [u32; BLOCK_SIZE])]) -> usize {
+        if !self.prefix_caching {
+            return 0;
+        }
+        self.hit_len(chain.len(), |g, i| {
+            self.lookup(g, chain[i].0, &chain[i].1).is_some()
+        })
+    }
+
+    /// The pages (group, block hash, tokens) a request for all of `chain` needs and the pool
+    /// lacks, block by block: what to ask lower tiers for.
+    pub fn missing(
+        &self,
+        chain: &[(BlockHash, [u32; BLOCK_SIZE])],
+    ) -> Vec<(usize, BlockHash, [u32; BLOCK_SIZE])> {
+        let n = chain.len();
+        let mut out = Vec::new();
+        for (i, (hash, tokens)) in chain.iter().enumerate() {
+            for (g, w) in self.windows.iter().enumerate() {
+                let needed = w.is_none_or(|w| i >= first_seen_block(n * BLOCK_SIZE, w));
+                if needed && self.lookup(g, *hash, tokens).is_none() {
+                    out.push((g, *hash, *tokens));
+                }
+            }
+        }
+        out
+    }
+
+    /// Moves the free pages caching blocks of `chain` to the back of the eviction queue,
+    /// without holding them: the last of the pool to be evicted, a chain's first blocks last of
+    /// all (as when a sequence releases its blocks).
+    pub fn touch(&mut self, chain: &[(BlockHash, [u32; BLOCK_SIZE])]) {
+        for g in 0..self.windows.len() {
+            let cached: Vec<u32> = (chain.iter())
+                .filter_map(|(hash, tokens)| self.lookup(g, *hash, tokens))
+                .collect();
+            for &block in cached.iter().rev() {
+                if self.allocator.ref_count(block) == 0 {
+                    self.allocator.acquire(block);
+                    self.allocator.release(block, true);
+                }
+            }
+        }
+    }
+
+    /// Takes in a page brought up from a lower tier: a free page now caches group `group`'s
+    /// part of the block hashed `hash` (`tokens`), evicted last among the free. Returns the
+    /// page to write its contents into, or `None` if it is cached already, caching is off or
+    /// no page is free.
+    pub fn adopt(
+        &mut self,
+        group: usize,
+        hash: BlockHash,
+        tokens: &[u32; BLOCK_SIZE],
+    ) -> Option<u32> {
+        if !self.prefix_caching || self.lookup(group, hash, tokens).is_some() {
             return None;
         }
         let block = self.allocate(1)?[0];
-        self.cache.insert(hash, block, tokens);
-        self.changes.stored.push(hash);
+        self.cache_block(group, hash, block, tokens);
         self.allocator.release(block, true);
         Some(block)
     }
 
-    /// Adds a sample of attention mass to `blocks` (`mass[i]` on `blocks[i]`).
+    /// Registers page `block` as group `group`'s part of the block hashed `hash`. Returns
+    /// `false`, changing nothing, if another page holds it already.
+    pub(super) fn cache_block(
+        &mut self,
+        group: usize,
+        hash: BlockHash,
+        block: u32,
+        tokens: &[u32],
+    ) -> bool {
+        let stored = self.cache.insert(hash, group, block, tokens);
+        if stored && group == 0 {
+            self.changes.stored.push(hash);
+        }
+        stored
+    }
+
+    /// Adds a sample of attention mass to `blocks` (`mass[i]` on `blocks[i]`; entries a
+    /// windowed group gave back are skipped).
     pub fn record_heat(&mut self, blocks: &[u32], mass: &[f32]) {
         for (&b, &m) in blocks.iter().zip(mass) {
+            if b == NO_BLOCK {
+                continue;
+            }
             let h = &mut self.heat[b as usize];
             *h = h.mul_add(0.5, m);
         }
@@ -194,7 +292,7 @@ impl KvCacheManager {
 
     /// `n` fresh blocks, all or none, evicting the least recently freed cached prefixes, the
     /// coldest first among the next few.
-    fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
+    pub(super) fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
         if self.allocator.num_free() < n {
             return None;
         }
@@ -205,9 +303,11 @@ impl KvCacheManager {
                     .expect("counted");
                 self.allocator.acquire(b);
                 let heat = std::mem::take(&mut self.heat[b as usize]);
-                if let Some((hash, tokens)) = self.cache.remove_block(b) {
+                if let Some((hash, group, tokens)) = self.cache.remove_block(b) {
                     self.counters.evicted_blocks += 1;
-                    self.changes.evicted.push(hash);
+                    if group == 0 {
+                        self.changes.evicted.push(hash);
+                    }
                     if self.tiering {
                         let (block, hash, tokens) = (b, hash, tokens);
                         self.evicted.push(EvictedBlock {
@@ -224,9 +324,10 @@ impl KvCacheManager {
         Some(blocks)
     }
 
-    fn release(&mut self, blocks: &[u32]) {
+    /// Drops a reference to each of `blocks` (skipping entries given back already).
+    pub(super) fn release(&mut self, blocks: &[u32]) {
         // In reverse, so a sequence's first blocks end up freed last (evicted last).
-        for &b in blocks.iter().rev() {
+        for &b in blocks.iter().rev().filter(|&&b| b != NO_BLOCK) {
             let cached = self.cache.contains_block(b);
             if !cached {
                 self.heat[b as usize] = 0.0;
@@ -236,126 +337,9 @@ impl KvCacheManager {
     }
 }
 
-/// The blocks holding one sequence's KV, in position order, and the hashes of its full blocks.
-/// Returns its blocks to the pool when dropped.
-pub struct BlockTable {
-    blocks: Vec<u32>,
-    /// Chained hashes of the leading full blocks whose content is known (`hashes.len() <=
-    /// blocks.len()`).
-    hashes: Vec<BlockHash>,
-    root: BlockHash,
-    manager: SharedKvCacheManager,
-}
-
-impl BlockTable {
-    /// An empty table; `salt` separates this sequence's cache entries from other tenants'.
-    pub fn new(manager: SharedKvCacheManager, salt: &str) -> Self {
-        Self {
-            blocks: Vec::new(),
-            hashes: Vec::new(),
-            root: root_hash(salt),
-            manager,
-        }
-    }
-
-    /// The hash the table's chain starts from (its salt's).
-    pub fn root(&self) -> BlockHash {
-        self.root
-    }
-
-    /// Block ids, in position order.
-    pub fn blocks(&self) -> &[u32] {
-        &self.blocks
-    }
-
-    /// Takes the longest cached prefix of `tokens` — whole blocks, always leaving at least one
-    /// token to compute — into this (empty) table. Returns the number of tokens covered.
-    pub fn match_prefix(&mut self, tokens: &[u32]) -> usize {
-        assert!(
-            self.blocks.is_empty(),
-            "prefix matching starts from an empty table"
-        );
-        let mut m = self.manager.borrow_mut();
-        let mut parent = self.root;
-        let max_blocks = tokens.len().saturating_sub(1) / BLOCK_SIZE;
-        if m.prefix_caching {
-            for chunk in tokens.chunks_exact(BLOCK_SIZE).take(max_blocks) {
-                let hash = block_hash(parent, chunk);
-                let Some(block) = m.cache.get(hash, chunk) else {
-                    break;
-                };
-                m.allocator.acquire(block);
-                self.blocks.push(block);
-                self.hashes.push(hash);
-                parent = hash;
-            }
-        }
-        let hit = self.blocks.len() * BLOCK_SIZE;
-        m.counters.queried_tokens += tokens.len() as u64;
-        m.counters.hit_tokens += hit as u64;
-        hit
-    }
-
-    /// Grows the table to hold `tokens` positions. Returns `false`, taking nothing, if the
-    /// pool has too few free blocks.
-    pub fn reserve(&mut self, tokens: usize) -> bool {
-        let needed = tokens
-            .div_ceil(BLOCK_SIZE)
-            .saturating_sub(self.blocks.len());
-        if needed == 0 {
-            return true;
-        }
-        match self.manager.borrow_mut().allocate(needed) {
-            Some(blocks) => {
-                self.blocks.extend(blocks);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Free blocks a reservation of `tokens` positions would take.
-    pub fn blocks_needed(&self, tokens: usize) -> usize {
-        tokens
-            .div_ceil(BLOCK_SIZE)
-            .saturating_sub(self.blocks.len())
-    }
-
-    /// Registers the blocks that `computed` leading positions of `tokens` have filled, so later
-    /// requests can reuse them.
-    pub fn commit(&mut self, tokens: &[u32], computed: usize) {
-        let full = (computed / BLOCK_SIZE).min(self.blocks.len());
-        if self.hashes.len() >= full {
-            return;
-        }
-        let mut m = self.manager.borrow_mut();
-        let caching = m.prefix_caching;
-        for i in self.hashes.len()..full {
-            let parent = self.hashes.last().copied().unwrap_or(self.root);
-            let chunk = &tokens[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
-            let hash = block_hash(parent, chunk);
-            // Another sequence may hold the same content already: then this copy stays private.
-            if caching && m.cache.insert(hash, self.blocks[i], chunk) {
-                m.changes.stored.push(hash);
-            }
-            self.hashes.push(hash);
-        }
-    }
-
-    /// Returns every block to the pool.
-    pub fn release(&mut self) {
-        if !self.blocks.is_empty() {
-            self.manager.borrow_mut().release(&self.blocks);
-        }
-        self.blocks.clear();
-        self.hashes.clear();
-    }
-}
-
-impl Drop for BlockTable {
-    fn drop(&mut self) {
-        self.release();
-    }
+/// The first block position `pos` sees through a window of `w` positions.
+pub(super) fn first_seen_block(pos: usize, w: usize) -> usize {
+    (pos + 1).saturating_sub(w) / BLOCK_SIZE
 }
 
 #[cfg(test)]
@@ -374,7 +358,7 @@ mod tests {
         assert_eq!(a.match_prefix(&prompt), 0);
         assert!(a.reserve(41));
         a.commit(&prompt, 40);
-        let a_blocks = a.blocks().to_vec();
+        let a_blocks = a.tables()[0].clone();
         drop(a);
         assert_eq!(m.borrow().num_free_blocks(), 16);
         assert_eq!(m.borrow().num_cached_blocks(), 2);
@@ -383,7 +367,7 @@ mod tests {
         let mut other = prompt.clone();
         other.extend(tokens(10, 9));
         assert_eq!(b.match_prefix(&other), 32);
-        assert_eq!(&b.blocks()[..2], &a_blocks[..2]);
+        assert_eq!(&b.tables()[0][..2], &a_blocks[..2]);
         let mut c = BlockTable::new(m.clone(), "tenant-2");
         assert_eq!(c.match_prefix(&other), 0, "another salt sees nothing");
         let counters = m.borrow().counters();
@@ -497,14 +481,14 @@ mod tests {
         let mut a = BlockTable::new(m.clone(), "");
         assert!(a.reserve(64));
         a.commit(&prompt, 64);
-        let blocks = a.blocks().to_vec();
+        let blocks = a.tables()[0].clone();
         // Attention went to the last block: without it, that block would go first.
         m.borrow_mut().record_heat(&blocks, &[0.1, 0.0, 0.0, 0.9]);
         drop(a);
         let mut b = BlockTable::new(m.clone(), "");
         assert!(b.reserve(16));
         assert_eq!(
-            b.blocks(),
+            &b.tables()[0][..],
             &blocks[2..3],
             "the coldest recently freed block is reused"
         );

@@ -36,6 +36,19 @@ pub fn prefix_hashes(salt: &str, tokens: &[u32]) -> Vec<BlockHash> {
     chain_from(root_hash(salt), tokens)
 }
 
+/// The key of KV group `group`'s page of the block hashed `hash`: the hash itself for the
+/// first group (the one routers see), a hash of both for the others.
+pub fn group_key(hash: BlockHash, group: usize) -> BlockHash {
+    match group {
+        0 => hash,
+        g => digest(&[
+            b"osprey-kv-group",
+            &hash.to_le_bytes(),
+            &(g as u64).to_le_bytes(),
+        ]),
+    }
+}
+
 /// [`prefix_hashes`] from a chain's root hash (a [`super::BlockTable`]'s).
 pub fn chain_from(root: BlockHash, tokens: &[u32]) -> Vec<BlockHash> {
     let max_blocks = tokens.len().saturating_sub(1) / BLOCK_SIZE;
@@ -63,36 +76,45 @@ fn digest(parts: &[&[u8]]) -> BlockHash {
 #[derive(Debug, Default)]
 pub struct PrefixCache {
     by_hash: HashMap<BlockHash, u32>,
-    /// For each block that is cached: its hash and tokens.
-    by_block: HashMap<u32, (BlockHash, [u32; BLOCK_SIZE])>,
+    /// For each block that is cached: its key (a [`group_key`]), group and tokens.
+    by_block: HashMap<u32, Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    key: BlockHash,
+    group: usize,
+    tokens: [u32; BLOCK_SIZE],
 }
 
 impl PrefixCache {
     /// The block holding `hash`, if its tokens are `tokens`.
     pub fn get(&self, hash: BlockHash, tokens: &[u32]) -> Option<u32> {
         let &block = self.by_hash.get(&hash)?;
-        let (_, stored) = &self.by_block[&block];
-        (stored.as_slice() == tokens).then_some(block)
+        (self.by_block[&block].tokens.as_slice() == tokens).then_some(block)
     }
 
-    /// Records that `block` holds `hash` (with `tokens`). Returns `false`, changing nothing,
-    /// if another block already holds that content or `block` is already cached.
-    pub fn insert(&mut self, hash: BlockHash, block: u32, tokens: &[u32]) -> bool {
-        if self.by_hash.contains_key(&hash) || self.by_block.contains_key(&block) {
+    /// Records that `block` holds KV group `group`'s part of the block hashed `hash` (with
+    /// `tokens`), under [`group_key`]. Returns `false`, changing nothing, if another block
+    /// already holds that content or `block` is already cached.
+    pub fn insert(&mut self, hash: BlockHash, group: usize, block: u32, tokens: &[u32]) -> bool {
+        let key = group_key(hash, group);
+        if self.by_hash.contains_key(&key) || self.by_block.contains_key(&block) {
             return false;
         }
         let tokens: [u32; BLOCK_SIZE] = tokens.try_into().expect("a full block");
-        self.by_hash.insert(hash, block);
-        self.by_block.insert(block, (hash, tokens));
+        self.by_hash.insert(key, block);
+        let entry = Entry { key, group, tokens };
+        self.by_block.insert(block, entry);
         true
     }
 
-    /// Forgets whatever `block` held (it is being reused). Returns the hash and tokens it
-    /// held, if any.
-    pub fn remove_block(&mut self, block: u32) -> Option<(BlockHash, [u32; BLOCK_SIZE])> {
-        let (hash, tokens) = self.by_block.remove(&block)?;
-        self.by_hash.remove(&hash);
-        Some((hash, tokens))
+    /// Forgets whatever `block` held (it is being reused). Returns its key, group and tokens,
+    /// if it held anything.
+    pub fn remove_block(&mut self, block: u32) -> Option<(BlockHash, usize, [u32; BLOCK_SIZE])> {
+        let e = self.by_block.remove(&block)?;
+        self.by_hash.remove(&e.key);
+        Some((e.key, e.group, e.tokens))
     }
 
     /// Whether `block` holds a cached prefix.
@@ -100,11 +122,11 @@ impl PrefixCache {
         self.by_block.contains_key(&block)
     }
 
-    /// Every cached block with its hash and tokens (for invariant checks).
+    /// Every cached block with its key and tokens (for invariant checks).
     pub fn entries(&self) -> impl Iterator<Item = (u32, BlockHash, &[u32])> + '_ {
         self.by_block
             .iter()
-            .map(|(&b, (h, t))| (b, *h, t.as_slice()))
+            .map(|(&b, e)| (b, e.key, e.tokens.as_slice()))
     }
 
     /// Cached blocks.
@@ -140,8 +162,13 @@ mod tests {
         let mut c = PrefixCache::default();
         let t: Vec<u32> = (0..16).collect();
         let h = block_hash(root_hash(""), &t);
-        assert!(c.insert(h, 7, &t));
-        assert!(!c.insert(h, 8, &t), "one block per content");
+        assert!(c.insert(h, 0, 7, &t));
+        assert!(!c.insert(h, 0, 8, &t), "one block per content");
+        assert!(
+            c.insert(h, 1, 8, &t),
+            "another group's part is another page"
+        );
+        assert_eq!(c.get(group_key(h, 1), &t), Some(8));
         assert_eq!(c.get(h, &t), Some(7));
         let other: Vec<u32> = (1..17).collect();
         assert_eq!(

@@ -17,9 +17,7 @@ use crate::error::{ModelError, Result};
 use crate::k3::K3Config;
 use crate::kernels::matmul::WeightFormat;
 use crate::source::{TensorData, WeightSource};
-use crate::{
-    BLOCK_SIZE, BatchSeq, ForwardBatch, ForwardScratch, KvCache, LogitsWanted, Transformer,
-};
+use crate::{BatchSeq, ForwardBatch, ForwardScratch, KvCache, LogitsWanted, Transformer};
 use candle_core::quantized::GgmlDType;
 
 /// Most passes of the MoEfied model over the calibration tokens (a layer's routing settles
@@ -88,12 +86,11 @@ fn calibration_pass(model: &Transformer, tokens: &[u32]) -> Result<crate::Calibr
         )));
     }
     let tokens = &tokens[..tokens.len().min(c.context_length)];
-    let mut kv = KvCache::new(c, tokens.len().div_ceil(BLOCK_SIZE));
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let (mut kv, tables) = KvCache::for_sequence(c, tokens.len());
     let seqs = [BatchSeq {
         n_tokens: tokens.len(),
         start_pos: 0,
-        block_table: &table,
+        block_tables: &tables,
         logits: LogitsWanted::Last,
     }];
     let mut scratch = ForwardScratch::default();

@@ -7,10 +7,11 @@
 //! that is about 1.2 M multiply-adds per sequence.
 
 use crate::kernels::attention::AttentionShape;
-use crate::kv_cache::{BLOCK_SIZE, KvCache};
+use crate::kv_cache::{BLOCK_SIZE, KvCache, NO_BLOCK};
 
 /// The attention mass query `q` (heads first, RoPE applied) at position `pos` puts on each
 /// logical block of `block_table` in layer `layer`: `ceil((pos + 1) / 16)` values summing to 1.
+/// A block the table has given back ([`NO_BLOCK`], behind a window) draws none.
 pub fn block_mass(
     shape: AttentionShape,
     q: &[f32],
@@ -33,7 +34,11 @@ pub fn block_mass(
     for h in 0..n_heads {
         let kv_head = h / (n_heads / n_kv_heads);
         let qh = &q[h * hd..(h + 1) * hd];
+        scores.fill(f32::NEG_INFINITY);
         for (b, &block) in block_table[..n_blocks].iter().enumerate() {
+            if block == NO_BLOCK {
+                continue;
+            }
             let (keys_t, _) = kv.block(layer, block, kv_head);
             let slots = BLOCK_SIZE.min(pos + 1 - b * BLOCK_SIZE);
             for s in 0..slots {

@@ -45,8 +45,7 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
         .build()?;
     let config = model.config();
     let positions = args.depth + args.n_prompt.max(args.n_gen) + 1;
-    let mut kv = KvCache::new(config, positions.div_ceil(osprey_models::BLOCK_SIZE));
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let (mut kv, tables) = KvCache::for_sequence(config, positions);
     let mut scratch = ForwardScratch::default();
     // Token ids spread over the vocabulary, fixed so runs are comparable.
     let token = |i: usize| ((i * 7919 + 13) % config.vocab_size) as u32;
@@ -54,7 +53,7 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
         let seqs = [BatchSeq {
             n_tokens: tokens.len(),
             start_pos: start,
-            block_table: &table,
+            block_tables: &tables,
             logits: LogitsWanted::Last,
         }];
         pool.install(|| {

@@ -148,16 +148,12 @@ fn skew(model_path: &Path, gguf: &Path, threads: usize) -> anyhow::Result<()> {
 
 /// The share of `ids`' routed tokens on each expert slot, and their imbalance.
 fn routing_histogram(model: &Transformer, layout: &ExpertLayout, ids: &[u32]) -> (Vec<f32>, f32) {
-    let mut kv = KvCache::new(
-        model.config(),
-        ids.len().div_ceil(osprey_models::BLOCK_SIZE),
-    );
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let (mut kv, tables) = KvCache::for_sequence(model.config(), ids.len());
     let mut scratch = ForwardScratch::default();
     let seqs = [BatchSeq {
         n_tokens: ids.len(),
         start_pos: 0,
-        block_table: &table,
+        block_tables: &tables,
         logits: LogitsWanted::Last,
     }];
     let batch = ForwardBatch {

@@ -215,15 +215,14 @@ fn open_with_top_k(path: &Path, k: usize) -> anyhow::Result<Transformer> {
 /// Single-stream decode tokens/s over `n` tokens after a short prompt.
 fn decode_speed(model: &Transformer, n: usize) -> f64 {
     let config = model.config();
-    let mut kv = KvCache::new(config, (n + 16).div_ceil(osprey_models::BLOCK_SIZE));
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let (mut kv, tables) = KvCache::for_sequence(config, n + 16);
     let mut scratch = ForwardScratch::default();
     let token = |i: usize| ((i * 7919 + 13) % config.vocab_size) as u32;
     let mut step = |tokens: &[u32], start: usize| {
         let seqs = [BatchSeq {
             n_tokens: tokens.len(),
             start_pos: start,
-            block_table: &table,
+            block_tables: &tables,
             logits: LogitsWanted::Last,
         }];
         model.forward(
