@@ -45,12 +45,13 @@ start_osprey() {
     --kv-cache-memory $((tokens * KV_TOKEN_BYTES)) "$@" >"$OUT/osprey-$port.log" 2>&1 &
   PID=$!; PIDS+=("$PID"); wait_ready "$port"
 }
-# start_llama PORT PARALLEL CTX_TOKENS; sets PID
+# start_llama PORT PARALLEL CTX_TOKENS [llama-server flags...]; sets PID
 start_llama() {
   [ -x "$LLAMA_SERVER" ] || { echo "llama-server not found; run ../shared/peers/llama-cpp.sh first" >&2; exit 1; }
-  "$LLAMA_SERVER" -m "$MODEL" -t 2 --host 127.0.0.1 --port "$1" --parallel "$2" -c "$3" \
-    >"$OUT/llama-$1.log" 2>&1 &
-  PID=$!; PIDS+=("$PID"); wait_ready "$1"
+  local port=$1 parallel=$2 ctx=$3; shift 3
+  "$LLAMA_SERVER" -m "$MODEL" -t 2 --host 127.0.0.1 --port "$port" --parallel "$parallel" -c "$ctx" \
+    "$@" >"$OUT/llama-$port.log" 2>&1 &
+  PID=$!; PIDS+=("$PID"); wait_ready "$port"
 }
 stop() { kill "$@" 2>/dev/null || true; wait "$@" 2>/dev/null || true; }
 bench() { "$OSPREY" bench serve --runs "$RUNS" --seed "$SEED" --tokenizer "$MODEL" "$@"; }
@@ -92,9 +93,10 @@ for w in $WORKLOADS; do
     # pool gets the same bytes (the sizes llama-server logs, summed); Osprey's windowed layers
     # give their pages back as sequences advance, which is what lets the contexts fit.
     printf '[policies.none]\nguards = []\n[tenants.default]\npolicy = "none"\n' >"$OUT/no-guards.toml"
-    start_llama 8091 32 65536; llama=$PID
-    kv_mib=$(grep -o 'size = *[0-9.]* MiB' "$OUT/llama-8091.log" | grep -o '[0-9.]*' |
-      awk '{s += $1} END {printf "%d", s}')
+    start_llama 8091 32 65536 -lv 4; llama=$PID # -lv 4 logs the KV caches' sizes
+    kv_mib=$(grep -o 'llama_kv_cache: size = *[0-9.]* MiB' "$OUT/llama-8091.log" |
+      grep -o '[0-9.]* MiB' | awk '{s += $1} END {printf "%d", s}')
+    [ "$kv_mib" -gt 0 ] || { echo "llama-server logged no KV size" >&2; exit 1; }
     echo "llama-server KV: $kv_mib MiB; Osprey's pool: the same"
     "$OSPREY" serve --no-response-cache --port 8090 --model "$MODEL" --threads 2 \
       --kv-cache-memory "${kv_mib}MiB" --config "$OUT/no-guards.toml" >"$OUT/osprey-8090.log" 2>&1 &

@@ -241,21 +241,33 @@ impl<T: Tile> Weights for Tiled<T> {
                 // SAFETY: each task owns the output columns of its row tiles; `i < t`.
                 unsafe { out.slice(i * rows + first, n) }.copy_from_slice(&values[..n]);
             };
-            for_each_range(row_tiles, grain_for(row_tiles, 2, 4), |range| {
-                for tile in range {
-                    let w = &self.tiles[tile * bpr..(tile + 1) * bpr];
+            let run = |tile: usize| &self.tiles[tile * bpr..(tile + 1) * bpr];
+            // Row tiles two at a time (16 rows to a register where the CPU allows); an odd last
+            // tile is paired with itself and written once.
+            let pairs = row_tiles.div_ceil(2);
+            for_each_range(pairs, grain_for(pairs, 1, 4), |range| {
+                for pair in range {
+                    let tiles = [2 * pair, (2 * pair + 1).min(row_tiles - 1)];
+                    let (a, b) = (run(tiles[0]), run(tiles[1]));
+                    let write_pair = |i: usize, out: [[f32; TILE_ROWS]; 2]| {
+                        write(i, tiles[0], out[0]);
+                        if tiles[1] != tiles[0] {
+                            write(i, tiles[1], out[1]);
+                        }
+                    };
                     let mut i = 0;
                     while i + ROW_TILE <= t {
                         let group: [QuantizedRow; ROW_TILE] =
                             std::array::from_fn(|r| acts.row(i + r));
-                        for (r, values) in T::dot(w, &group).into_iter().enumerate() {
-                            write(i + r, tile, values);
+                        let [out_a, out_b] = T::dot_pair(a, b, &group);
+                        for r in 0..ROW_TILE {
+                            write_pair(i + r, [out_a[r], out_b[r]]);
                         }
                         i += ROW_TILE;
                     }
                     for i in i..t {
-                        let [values] = T::dot(w, &[acts.row(i)]);
-                        write(i, tile, values);
+                        let [[out_a], [out_b]] = T::dot_pair(a, b, &[acts.row(i)]);
+                        write_pair(i, [out_a, out_b]);
                     }
                 }
             });
