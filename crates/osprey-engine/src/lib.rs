@@ -45,6 +45,7 @@ pub mod request;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculative;
 pub mod structured;
 pub mod tiers;
 pub mod tokenizer;
