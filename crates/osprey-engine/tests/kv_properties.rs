@@ -1,8 +1,8 @@
 //! Block accounting under random traffic: arrivals sharing prefixes, prefill and decode steps,
-//! finishes, cancellations and preemptions, on a pool small enough to run out, with one KV
-//! group or several, windowed ones among them. After every operation the pool must balance
-//! exactly, a windowed group must hold no more than its window needs, and no sequence may be
-//! left to read a page it gave back.
+//! speculative steps whose rejected drafts are rolled back, finishes, cancellations and
+//! preemptions, on a pool small enough to run out, with one KV group or several, windowed ones
+//! among them. After every operation the pool must balance exactly, a windowed group must hold
+//! no more than its window needs, and no sequence may be left to read a page it gave back.
 
 use osprey_engine::kv::{BlockTable, KvCacheManager, SharedKvCacheManager};
 use osprey_models::{BLOCK_SIZE, NO_BLOCK};
@@ -24,6 +24,10 @@ enum Op {
     Finish { seq: usize },
     /// Sequence `seq` is preempted: blocks released, recomputed later.
     Preempt { seq: usize },
+    /// Sequence `seq` decodes with a draft of `k` tokens, of which the first `accept` are
+    /// accepted: it reserves room for all of them, keeps the accepted ones and a token of its
+    /// own, and gives back what lies past them.
+    Draft { seq: usize, k: usize, accept: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -33,6 +37,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (any::<usize>(), 1..48usize).prop_map(|(seq, n)| Op::Step { seq, n }),
         1 => any::<usize>().prop_map(|seq| Op::Finish { seq }),
         1 => any::<usize>().prop_map(|seq| Op::Preempt { seq }),
+        2 => (any::<usize>(), 1..24usize, 0..24usize)
+            .prop_map(|(seq, k, accept)| Op::Draft { seq, k, accept }),
     ]
 }
 
@@ -72,6 +78,39 @@ fn step(seq: &mut Seq, n: usize) {
     } else {
         seq.table.release();
         seq.computed = 0;
+    }
+}
+
+/// A speculative decode step, for a sequence whose prompt is computed: as in [`step`], its
+/// next token is sampled; rows for it and for a draft of `k` are reserved; the first `accept`
+/// drafted tokens are accepted and join the sequence (the token the last verified row gives is
+/// sampled at its next step), and the table shrinks to the rows kept.
+fn draft(seq: &mut Seq, k: usize, accept: usize) {
+    if seq.table.is_empty() || seq.computed != seq.tokens.len() {
+        return; // not decoding
+    }
+    let last = *seq.tokens.last().expect("a prompt");
+    seq.tokens
+        .push(last.wrapping_mul(31).wrapping_add(7) % 5000);
+    if !seq.table.reserve(seq.computed + 1 + k) {
+        seq.table.release();
+        seq.computed = 0;
+        return;
+    }
+    let accepted = accept.min(k);
+    for i in 0..accepted {
+        seq.tokens
+            .push((last.wrapping_mul(7) + i as u32 + 1) % 5000);
+    }
+    seq.computed += 1 + accepted;
+    seq.table.commit(&seq.tokens, seq.computed);
+    seq.table.shrink(seq.computed);
+    for table in seq.table.tables() {
+        assert_eq!(
+            table.len(),
+            seq.computed.div_ceil(BLOCK_SIZE),
+            "nothing past the kept rows"
+        );
     }
 }
 
@@ -184,6 +223,10 @@ proptest! {
                 }
                 Op::Finish { seq } if !seqs.is_empty() => {
                     seqs.swap_remove(seq % seqs.len());
+                }
+                Op::Draft { seq, k, accept } if !seqs.is_empty() => {
+                    let i = seq % seqs.len();
+                    draft(&mut seqs[i], k, accept);
                 }
                 Op::Preempt { seq } if !seqs.is_empty() => {
                     let i = seq % seqs.len();

@@ -189,6 +189,22 @@ impl BlockTable {
         }
     }
 
+    /// Gives back the pages that lie wholly past the first `tokens` positions: a verified draft
+    /// rolled back to its accepted part. Blocks already hashed (inside what was committed) are
+    /// never cut.
+    pub fn shrink(&mut self, tokens: usize) {
+        let blocks = tokens.div_ceil(BLOCK_SIZE);
+        assert!(self.hashes.len() <= blocks, "cutting committed blocks");
+        let mut m = self.manager.borrow_mut();
+        for (table, given_back) in self.tables.iter_mut().zip(&mut self.given_back) {
+            if table.len() > blocks {
+                m.release(&table[blocks..]);
+                table.truncate(blocks);
+                *given_back = (*given_back).min(blocks);
+            }
+        }
+    }
+
     /// Returns every page to the pool.
     pub fn release(&mut self) {
         if !self.is_empty() {
