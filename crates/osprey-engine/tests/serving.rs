@@ -125,10 +125,6 @@ async fn a_preempted_sequence_resumes_with_identical_output() {
     let prompts: Vec<Vec<u32>> = (0..6)
         .map(|i| chat(&reference, SYSTEM, &question(i)))
         .collect();
-    let mut solo = Vec::new();
-    for p in &prompts {
-        solo.push(greedy(&reference, p.clone(), 48).await);
-    }
     // A pool for about two and a half of these sequences at full length.
     let per_token = reference.info().kv_bytes_per_token;
     let longest = prompts.iter().map(Vec::len).max().unwrap() + 48;
@@ -136,22 +132,7 @@ async fn a_preempted_sequence_resumes_with_identical_output() {
         kv_cache_bytes: per_token * longest * 5 / 2,
         ..test_config()
     });
-    let together = concurrently(&tight, &prompts, 48).await;
-    assert!(
-        tight.stats().preemptions() > 0,
-        "the pool was meant to run out"
-    );
-    for (i, (a, b)) in solo.iter().zip(&together).enumerate() {
-        assert_eq!(a, b, "request {i} changed by preemption");
-    }
-    // Every block is returned. The engine publishes its counters after the step that sent the
-    // last token: wait for it.
-    let stats = tight.stats();
-    eventually(
-        || async move { (stats.free_blocks() == stats.total_blocks()).then_some(()) },
-        Duration::from_secs(60),
-    )
-    .await;
+    check_preemption(&reference, &tight, &prompts, 48).await;
 }
 
 /// Gemma 3: sequences that decode past the 512-token window, in a pool too small for all of them
@@ -164,11 +145,6 @@ async fn gemma_sequences_preempted_past_the_window_resume_with_identical_output(
     let prompts: Vec<Vec<u32>> = (0..3)
         .map(|i| text[i * 100..i * 100 + 100].to_vec())
         .collect();
-    let decode = 560;
-    let mut solo = Vec::new();
-    for p in &prompts {
-        solo.push(greedy(&reference, p.clone(), decode).await);
-    }
     // At 660 positions a sequence holds 42 pages of the full group and at most 33 of each of
     // the 5 windowed ones: 207. A pool for two and a half of them.
     let page_bytes = reference.info().kv_bytes_per_token * 16 / 6;
@@ -180,7 +156,23 @@ async fn gemma_sequences_preempted_past_the_window_resume_with_identical_output(
         },
     )
     .unwrap();
-    let together = concurrently(&tight, &prompts, decode).await;
+    check_preemption(&reference, &tight, &prompts, 560).await;
+}
+
+/// `prompts` run together on `tight` (a pool meant to run out) preempt one another, and each
+/// still gives the `max_tokens` greedy tokens it gives alone on `reference`; every block comes
+/// back.
+async fn check_preemption(
+    reference: &Engine,
+    tight: &Engine,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) {
+    let mut solo = Vec::new();
+    for p in prompts {
+        solo.push(greedy(reference, p.clone(), max_tokens).await);
+    }
+    let together = concurrently(tight, prompts, max_tokens).await;
     assert!(
         tight.stats().preemptions() > 0,
         "the pool was meant to run out"
@@ -188,6 +180,7 @@ async fn gemma_sequences_preempted_past_the_window_resume_with_identical_output(
     for (i, (a, b)) in solo.iter().zip(&together).enumerate() {
         assert_eq!(a, b, "request {i} changed by preemption");
     }
+    // The engine publishes its counters after the step that sent the last token: wait for it.
     let stats = tight.stats();
     eventually(
         || async move { (stats.free_blocks() == stats.total_blocks()).then_some(()) },

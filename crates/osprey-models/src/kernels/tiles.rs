@@ -173,7 +173,37 @@ pub trait Tile: Copy + Send + Sync + 'static {
         b: &[Self],
         acts: &[QuantizedRow; R],
     ) -> [[[f32; TILE_ROWS]; R]; 2] {
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
+        if R > 1 && vnni::available() {
+            // SAFETY: the CPU has AVX-512 VNNI (checked); `matmul` passes two row-runs of
+            // the same length and activation rows of as many blocks.
+            if let Some(out) = unsafe { Self::dot_pair_512(a, b, acts) } {
+                return out;
+            }
+        }
         [Self::dot(a, acts), Self::dot(b, acts)]
+    }
+
+    /// The 512-bit pair kernel of this format, if it has one.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 VNNI, VL and BW (`vnni::available`); `a` and `b` must be
+    /// as long as each other, and each activation row must hold as many blocks.
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    unsafe fn dot_pair_512<const R: usize>(
+        _a: &[Self],
+        _b: &[Self],
+        _acts: &[QuantizedRow; R],
+    ) -> Option<[[[f32; TILE_ROWS]; R]; 2]> {
+        None
     }
 }
 
@@ -255,23 +285,18 @@ impl Tile for TileQ4_1 {
         portable::q4(tiles, acts)
     }
 
-    #[inline]
-    fn dot_pair<const R: usize>(
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    unsafe fn dot_pair_512<const R: usize>(
         a: &[Self],
         b: &[Self],
         acts: &[QuantizedRow; R],
-    ) -> [[[f32; TILE_ROWS]; R]; 2] {
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
-        if R > 1 && vnni::available() {
-            // SAFETY: the CPU has AVX-512 VNNI (checked); `matmul` passes two row-runs of
-            // the same length and activation rows of as many blocks.
-            return unsafe { vnni::q4_pair(a, b, acts) };
-        }
-        [Self::dot(a, acts), Self::dot(b, acts)]
+    ) -> Option<[[[f32; TILE_ROWS]; R]; 2]> {
+        // SAFETY: as the trait's contract says.
+        Some(unsafe { vnni::q4_pair(a, b, acts) })
     }
 }
 
@@ -312,23 +337,18 @@ impl Tile for TileQ4F {
         portable::q4(tiles, acts)
     }
 
-    #[inline]
-    fn dot_pair<const R: usize>(
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    unsafe fn dot_pair_512<const R: usize>(
         a: &[Self],
         b: &[Self],
         acts: &[QuantizedRow; R],
-    ) -> [[[f32; TILE_ROWS]; R]; 2] {
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
-        if R > 1 && vnni::available() {
-            // SAFETY: the CPU has AVX-512 VNNI (checked); `matmul` passes two row-runs of
-            // the same length and activation rows of as many blocks.
-            return unsafe { vnni::q4_pair(a, b, acts) };
-        }
-        [Self::dot(a, acts), Self::dot(b, acts)]
+    ) -> Option<[[[f32; TILE_ROWS]; R]; 2]> {
+        // SAFETY: as the trait's contract says.
+        Some(unsafe { vnni::q4_pair(a, b, acts) })
     }
 }
 
@@ -368,23 +388,18 @@ impl Tile for TileQ8_0 {
         portable::q8_0(tiles, acts)
     }
 
-    #[inline]
-    fn dot_pair<const R: usize>(
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    unsafe fn dot_pair_512<const R: usize>(
         a: &[Self],
         b: &[Self],
         acts: &[QuantizedRow; R],
-    ) -> [[[f32; TILE_ROWS]; R]; 2] {
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
-        if R > 1 && vnni::available() {
-            // SAFETY: the CPU has AVX-512 VNNI (checked); `matmul` passes two row-runs of
-            // the same length and activation rows of as many blocks.
-            return unsafe { vnni::q8_0_pair(a, b, acts) };
-        }
-        [Self::dot(a, acts), Self::dot(b, acts)]
+    ) -> Option<[[[f32; TILE_ROWS]; R]; 2]> {
+        // SAFETY: as the trait's contract says.
+        Some(unsafe { vnni::q8_0_pair(a, b, acts) })
     }
 }
 
@@ -424,23 +439,18 @@ impl Tile for TileQ6F {
         portable::q6(tiles, acts)
     }
 
-    #[inline]
-    fn dot_pair<const R: usize>(
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    unsafe fn dot_pair_512<const R: usize>(
         a: &[Self],
         b: &[Self],
         acts: &[QuantizedRow; R],
-    ) -> [[[f32; TILE_ROWS]; R]; 2] {
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
-        if R > 1 && vnni::available() {
-            // SAFETY: the CPU has AVX-512 VNNI (checked); `matmul` passes two row-runs of
-            // the same length and activation rows of as many blocks.
-            return unsafe { vnni::q6_pair(a, b, acts) };
-        }
-        [Self::dot(a, acts), Self::dot(b, acts)]
+    ) -> Option<[[[f32; TILE_ROWS]; R]; 2]> {
+        // SAFETY: as the trait's contract says.
+        Some(unsafe { vnni::q6_pair(a, b, acts) })
     }
 }
 
