@@ -22,6 +22,12 @@ pub const ENGINE_QUEUE_TO_FIRST_TOKEN: &str = "osprey_engine_time_to_first_token
 pub const BATCH_TOKENS: &str = "osprey_batch_tokens";
 /// Sequences per forward pass.
 pub const BATCH_SEQUENCES: &str = "osprey_batch_sequences";
+/// Tokens drafted for verification (speculative decoding).
+pub const SPEC_DRAFT_TOKENS: &str = "osprey_spec_draft_tokens_total";
+/// Drafted tokens the target model accepted.
+pub const SPEC_ACCEPTED_TOKENS: &str = "osprey_spec_accepted_tokens_total";
+/// Per verified draft: how many of its tokens were accepted.
+pub const SPEC_ACCEPTED_LENGTH: &str = "osprey_spec_accepted_length";
 /// Sequences in the running batch.
 pub const RUNNING_SEQUENCES: &str = "osprey_running_sequences";
 /// Sequences waiting for admission.

@@ -3,6 +3,7 @@
 use osprey_core::{Error, FinishReason, Grammar, Priority, SamplingParams};
 
 use crate::sampler::{Sampled, TokenLogprob};
+use crate::speculative::DraftTally;
 use crate::structured::Constraint;
 
 /// A request for one sequence, before it is checked against the model.
@@ -24,6 +25,11 @@ pub struct GenerateRequest {
     pub cache_salt: String,
     /// The structure the output must follow, enforced token by token.
     pub grammar: Option<Grammar>,
+    /// Whether it may speculate, when the engine does (`"osprey": {"speculative": false}`
+    /// says not).
+    pub speculative: bool,
+    /// Where its drafted and accepted tokens are counted (shared by its choices).
+    pub drafts: std::sync::Arc<DraftTally>,
 }
 
 impl GenerateRequest {
@@ -38,6 +44,8 @@ impl GenerateRequest {
             deadline: None,
             cache_salt: String::new(),
             grammar: None,
+            speculative: true,
+            drafts: Default::default(),
         }
     }
 }

@@ -14,6 +14,11 @@
 //!    sequence is admitted (with its first chunk) only once its whole prompt fits in the free
 //!    blocks, so that long prompts do not preempt each other in turn without end.
 //!
+//! A decoding sequence that speculates ([`crate::speculative`]) may add a draft to its one
+//! token: its rows count against the budget like any others, and drafts are given only while
+//! the step has fewer rows than [`SpeculationConfig::max_step_rows`], past which a step is
+//! bound by compute and drafted rows stop being nearly free.
+//!
 //! Preemption is by recompute (vLLM's default): the victim's blocks are freed and it returns to
 //! the front of its queue; on resumption its tokens are recomputed (often from the prefix cache)
 //! and generation continues exactly where it stopped.
@@ -35,6 +40,7 @@ use osprey_core::{FinishReason, Priority};
 use crate::kda::{ExpertLayout, ExpertLoad, KdaConfig, share_experts_order};
 use crate::kv::SharedKvCacheManager;
 use crate::sequence::Sequence;
+use crate::speculative::SpeculationConfig;
 use osprey_models::BLOCK_SIZE;
 
 /// How requests are ordered.
@@ -83,6 +89,8 @@ pub struct SchedulerConfig {
     pub batch_prefill_chunk: usize,
     /// Settings of the `kda` policy.
     pub kda: KdaConfig,
+    /// How decoding sequences draft tokens to verify.
+    pub speculation: SpeculationConfig,
 }
 
 impl Default for SchedulerConfig {
@@ -94,6 +102,7 @@ impl Default for SchedulerConfig {
             starvation_timeout: Duration::from_secs(300),
             batch_prefill_chunk: 64,
             kda: KdaConfig::default(),
+            speculation: SpeculationConfig::default(),
         }
     }
 }
@@ -103,8 +112,10 @@ impl Default for SchedulerConfig {
 pub struct ScheduledSeq {
     /// Index into [`Scheduler::running`].
     pub index: usize,
-    /// Tokens to compute, starting at its `num_computed`.
+    /// Rows to compute, starting at its `num_computed`: its next tokens, then its draft.
     pub n_tokens: usize,
+    /// Of those rows, how many are its draft (0 unless it speculates).
+    pub n_draft: usize,
 }
 
 /// The plan for one step: sequences in batch order.
@@ -332,6 +343,9 @@ impl Scheduler {
         seq.block_table.release();
         seq.num_computed = 0;
         seq.look_below = true;
+        if let Some(spec) = &mut seq.speculation {
+            spec.drop_draft();
+        }
         self.preemptions += 1;
         self.requeue(seq);
     }
@@ -421,6 +435,7 @@ impl Scheduler {
             .map(|s| self.chunk(s, budget, self.class(s, now), interactive_active))
             .sum();
         let mut load = self.expert_load(wanted.min(budget));
+        let mut draft_rows = (self.config.speculation.max_step_rows).saturating_sub(wanted);
 
         // Running sequences, most urgent first.
         let mut i = 0;
@@ -441,6 +456,8 @@ impl Scheduler {
                     fit => n = fit,
                 }
             }
+            let n_draft = self.plan_draft(i, n, budget, &mut draft_rows);
+            n += n_draft;
             let need = self.running[i].num_computed + n;
             let mut ok = self.running[i].block_table.reserve(need);
             if !ok && self.release_waiting_holds() {
@@ -469,6 +486,7 @@ impl Scheduler {
             out.scheduled.push(ScheduledSeq {
                 index: i,
                 n_tokens: n,
+                n_draft,
             });
             budget -= n;
             i += 1;
@@ -526,6 +544,7 @@ impl Scheduler {
             out.scheduled.push(ScheduledSeq {
                 index: self.running.len() - 1,
                 n_tokens: n,
+                n_draft: 0,
             });
             budget -= n;
         }
@@ -537,6 +556,32 @@ impl Scheduler {
             "planned"
         );
         out
+    }
+
+    /// Drafts for running sequence `i` when it decodes (`n` is its one token) and speculates:
+    /// at most what `budget` and `rows_left` (the draft rows the step has left) allow, and
+    /// never past its `max_tokens` or the context. Returns the draft's length.
+    fn plan_draft(&mut self, i: usize, n: usize, budget: usize, rows_left: &mut usize) -> usize {
+        let seq = &mut self.running[i];
+        let decodes = n == 1 && seq.uncomputed() == 1;
+        // A step yields at most one token more than it drafted.
+        let to_come = (seq
+            .sampler
+            .params()
+            .max_tokens
+            .saturating_sub(seq.generated()))
+        .min(seq.max_len.saturating_sub(seq.tokens.len()));
+        let Some(spec) = seq.speculation.as_mut() else {
+            return 0;
+        };
+        if !decodes {
+            spec.drop_draft();
+            return 0;
+        }
+        let cap = (to_come.saturating_sub(1)).min(budget - 1).min(*rows_left);
+        let k = spec.plan(&seq.tokens, cap);
+        *rows_left -= k;
+        k
     }
 
     /// Gives back the blocks that waiting sequences hold (a prefix brought up from the tiers

@@ -8,6 +8,7 @@ use crate::kda::{BlockHeat, ExpertForecast};
 use crate::kv::BlockTable;
 use crate::request::{EventSender, SeqEvent};
 use crate::sampler::Sampler;
+use crate::speculative::Speculation;
 use crate::structured::Constraint;
 
 /// One generation in flight, owned by the scheduler.
@@ -56,6 +57,8 @@ pub struct Sequence {
     pub look_below: bool,
     /// Steps it has been deferred in a row to keep an expert under capacity (`kda`).
     pub deferrals: u32,
+    /// Its drafts, when it speculates.
+    pub speculation: Option<Speculation>,
     /// Set when the last step ended the sequence.
     pub finish: Option<FinishReason>,
 }
@@ -129,6 +132,7 @@ impl Sequence {
             heat: Default::default(),
             look_below: true,
             deferrals: 0,
+            speculation: None,
             finish: None,
         }
     }

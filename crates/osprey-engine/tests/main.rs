@@ -12,6 +12,7 @@ mod golden;
 mod kda;
 mod kv_properties;
 mod serving;
+mod speculative;
 mod spm_tokenizer;
 mod structured;
 mod tiers;

@@ -162,7 +162,7 @@ async fn gemma_sequences_preempted_past_the_window_resume_with_identical_output(
 /// `prompts` run together on `tight` (a pool meant to run out) preempt one another, and each
 /// still gives the `max_tokens` greedy tokens it gives alone on `reference`; every block comes
 /// back.
-async fn check_preemption(
+pub(crate) async fn check_preemption(
     reference: &Engine,
     tight: &Engine,
     prompts: &[Vec<u32>],

@@ -444,6 +444,58 @@ async fn the_request_log_names_the_prompt_version_and_what_went_in() {
     }
 }
 
+/// A request the engine speculated on says what it drafted: in its usage (OpenAI's
+/// `completion_tokens_details`), in its request-log row and in the engine's counters.
+#[tokio::test]
+async fn a_speculated_answer_reports_its_drafts_in_usage_the_request_log_and_metrics() {
+    let store = osprey_store::testing::stores().await.remove(0);
+    let key = common::new_key(&store, "acme").await;
+    let base = gateway(store.store.clone(), ResponseCache::memory()).await;
+    let bob = As {
+        base: &base,
+        key: &key,
+        user: "bob",
+    };
+    let passage = "Every morning the ferry left the north quay at seven, carried forty \
+        passengers across the bay, and came back at noon with the post and the bread.";
+    let body = json!({"model": MODEL, "max_tokens": 60, "temperature": 0,
+        "messages": [{"role": "user", "content": format!("Repeat exactly: {passage}")}]});
+    let (status, _, answer) = ask(&bob, body).await;
+    assert_eq!(status, 200, "{answer}");
+    let details = &answer["usage"]["completion_tokens_details"];
+    let accepted = details["accepted_prediction_tokens"].as_u64().unwrap();
+    let rejected = details["rejected_prediction_tokens"].as_u64().unwrap();
+    assert!(accepted > 10, "{answer}");
+    let rows = osprey_testkit::eventually(
+        || async {
+            let rows = admin(
+                &base,
+                reqwest::Method::GET,
+                "/admin/requests?user=bob",
+                None,
+            )
+            .await;
+            (!rows["data"].as_array().unwrap().is_empty()).then_some(rows)
+        },
+        std::time::Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        rows["data"][0]["detail"]["speculation"],
+        json!({"drafted": accepted + rejected, "accepted": accepted}),
+        "{rows}"
+    );
+    let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    for name in [
+        "osprey_spec_draft_tokens_total",
+        "osprey_spec_accepted_tokens_total",
+        "osprey_spec_accepted_length_bucket",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+}
+
 #[tokio::test]
 async fn deleting_a_user_forgets_everything_of_theirs_and_their_cached_answers() {
     let mut caches = vec![("memory", ResponseCache::memory())];

@@ -30,6 +30,8 @@ const PLAN_BUCKETS: &[f64] = &[
 const IMBALANCE_BUCKETS: &[f64] = &[
     1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 16.0,
 ];
+/// Buckets for accepted tokens per verified draft.
+const DRAFT_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0];
 /// Buckets for experts run per MoE layer in a step.
 const EXPERT_BUCKETS: &[f64] = &[
     1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 12.0, 16.0, 32.0, 64.0,
@@ -85,6 +87,12 @@ fn prometheus() -> &'static PrometheusHandle {
                 b.set_buckets_for_metric(
                     Matcher::Full(names::EXPERTS_ACTIVE.into()),
                     EXPERT_BUCKETS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(names::SPEC_ACCEPTED_LENGTH.into()),
+                    DRAFT_BUCKETS,
                 )
             })
             .expect("static bucket lists are non-empty");

@@ -34,6 +34,15 @@ pub struct RetrievalNote {
     pub ms: f64,
 }
 
+/// What speculative decoding drafted for the answer, and how much of it the model accepted.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct SpeculationNote {
+    /// Tokens drafted.
+    pub drafted: usize,
+    /// Of those, accepted.
+    pub accepted: usize,
+}
+
 /// The notes so far.
 #[derive(Debug, Default, Serialize)]
 pub struct Notes {
@@ -46,6 +55,9 @@ pub struct Notes {
     /// Tool calls the answer made (function names).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<String>,
+    /// Speculative decoding, when the engine drafted tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<SpeculationNote>,
     /// When the engine produced the first token.
     #[serde(skip)]
     pub first_token: Option<Instant>,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use osprey_engine::speculative::SpeculationConfig;
 
 /// Osprey: a production LLM serving stack.
 #[derive(Parser, Debug)]
@@ -267,6 +268,18 @@ pub struct EngineArgs {
     /// Seconds after which a waiting batch request is treated as interactive.
     #[arg(long, env = "OSPREY_STARVATION_TIMEOUT", default_value_t = 300.0)]
     pub starvation_timeout: f64,
+    /// Speculative decoding: `ngram` drafts a decoding sequence's next tokens from matches of
+    /// its latest tokens in its own prompt and output, and verifies them in the step's forward
+    /// pass; `off` does not. The output is the same either way.
+    #[arg(long, env = "OSPREY_SPECULATIVE", default_value = "ngram", value_parser = ["ngram", "off"])]
+    pub speculative: String,
+    /// Most tokens a sequence drafts per step.
+    #[arg(long, env = "OSPREY_SPECULATIVE_MAX_DRAFT", default_value_t = SpeculationConfig::default().max_draft)]
+    pub speculative_max_draft: usize,
+    /// Drafts are verified only in steps of fewer rows than this (past it a step is bound by
+    /// compute, and speculation backs off).
+    #[arg(long, env = "OSPREY_SPECULATIVE_STEP_ROWS", default_value_t = SpeculationConfig::default().max_step_rows)]
+    pub speculative_step_rows: usize,
     /// Most sequences in one forward pass.
     #[arg(long, env = "OSPREY_MAX_NUM_SEQS", default_value_t = 32)]
     pub max_num_seqs: usize,

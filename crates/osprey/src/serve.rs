@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use osprey_engine::speculative::SpeculationConfig;
 use osprey_engine::{
     Codec, Engine, EngineConfig, KdaConfig, Prompter, SchedulerConfig, SchedulingPolicy,
     SharedConfig, TierConfig,
@@ -226,6 +227,13 @@ pub fn engine_config(args: &EngineArgs) -> EngineConfig {
                 max_deferrals: args.max_deferrals,
                 heat_interval: args.heat_interval,
                 ..KdaConfig::default()
+            },
+            speculation: match args.speculative.as_str() {
+                "off" => SpeculationConfig::OFF,
+                _ => SpeculationConfig {
+                    max_draft: args.speculative_max_draft,
+                    max_step_rows: args.speculative_step_rows,
+                },
             },
         },
         kv_cache_bytes: args

@@ -221,6 +221,15 @@ pub struct OspreyOptions {
     /// earlier deadlines first, and promotes a batch request once its deadline has passed.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// `false` keeps the engine from speculating on this request (it does by default when
+    /// the server speculates); the output is the same either way.
+    #[serde(default)]
+    pub speculative: Option<bool>,
+}
+
+/// Whether a request lets the engine speculate (unless it says `"speculative": false`).
+pub fn speculative_of(options: &Option<OspreyOptions>) -> bool {
+    options.as_ref().and_then(|o| o.speculative).unwrap_or(true)
 }
 
 /// The first-token deadline a request asks for, if any (at most a day).
@@ -246,6 +255,22 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// The sum.
     pub total_tokens: usize,
+    /// How speculative decoding went, when the engine drafted tokens for the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// Details of the generated tokens: OpenAI's names for tokens of a prediction, here the
+/// engine's own drafts, which the model either accepted (and so generated) or rejected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CompletionTokensDetails {
+    /// Drafted tokens the model accepted.
+    #[serde(default)]
+    pub accepted_prediction_tokens: usize,
+    /// Drafted tokens it rejected (computed, not generated, not counted in
+    /// `completion_tokens`).
+    #[serde(default)]
+    pub rejected_prediction_tokens: usize,
 }
 
 impl Usage {
@@ -255,6 +280,19 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            completion_tokens_details: None,
+        }
+    }
+
+    /// The same usage with the engine's `drafted` and `accepted` tokens, if it drafted any.
+    pub fn with_drafts(self, drafted: u64, accepted: u64) -> Self {
+        let details = (drafted > 0).then(|| CompletionTokensDetails {
+            accepted_prediction_tokens: accepted as usize,
+            rejected_prediction_tokens: (drafted - accepted) as usize,
+        });
+        Self {
+            completion_tokens_details: details,
+            ..self
         }
     }
 }

@@ -41,6 +41,7 @@ pub(super) fn start(
         deadline: osprey_core::api::deadline_of(&request.osprey),
         cache_salt,
         grammar: shape.grammar,
+        speculative: osprey_core::api::speculative_of(&request.osprey),
         ..GenerateRequest::new(prompt.clone(), params)
     };
     let choices = start_choices(engine, &generate, n, 0).map_err(|e| match e.param.as_deref() {
@@ -57,7 +58,7 @@ pub(super) fn start(
             .map(|_| shape.calls.then(ToolCallParser::default))
             .collect(),
     };
-    Ok(events(answer, choices))
+    Ok(events(answer, choices, generate.drafts))
 }
 
 /// What an answer may be: the grammar it is generated under (its text's `response_format`

@@ -48,6 +48,7 @@ pub(super) fn start(
         None => "osprey.grammar",
     };
     let mut started = Vec::new();
+    let drafts = std::sync::Arc::<crate::speculative::DraftTally>::default();
     for (i, (ids, _)) in prompts.iter().enumerate() {
         let generate = GenerateRequest {
             prompt_logprobs: request.echo && params.logprobs.is_some(),
@@ -55,6 +56,8 @@ pub(super) fn start(
             deadline: osprey_core::api::deadline_of(&request.osprey),
             cache_salt: cache_salt.clone(),
             grammar: grammar.clone(),
+            speculative: osprey_core::api::speculative_of(&request.osprey),
+            drafts: drafts.clone(),
             ..GenerateRequest::new(ids.clone(), params.clone())
         };
         let choices =
@@ -75,7 +78,7 @@ pub(super) fn start(
             .collect(),
     };
     let echoes = answer.echoes();
-    let events = events(answer, started);
+    let events = events(answer, started, drafts);
     Ok(Box::pin(futures_util::StreamExt::chain(
         futures_util::stream::iter(echoes.into_iter().map(Ok)),
         events,

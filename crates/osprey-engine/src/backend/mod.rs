@@ -27,6 +27,7 @@ pub mod completions;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use futures_util::stream::{self, Stream, StreamExt};
 use osprey_core::api::Usage;
@@ -34,6 +35,7 @@ use osprey_core::backend::{Asked, Backend, GenEvent, GenRequest, GenStream};
 use osprey_core::metrics as names;
 use osprey_core::{Error, ErrorKind};
 
+use crate::speculative::DraftTally;
 use crate::{Delta, Engine, GenerateRequest, Generation};
 
 impl Backend for Engine {
@@ -64,18 +66,28 @@ trait Answer: Send + 'static {
 }
 
 /// The events of `answer` over `choices`' deltas, as they come; an engine error ends them.
-fn events(answer: impl Answer, choices: Vec<(usize, Generation)>) -> GenStream {
+/// The usage at the end tells what the engine drafted for them, counted in `drafts`.
+fn events(
+    answer: impl Answer,
+    choices: Vec<(usize, Generation)>,
+    drafts: Arc<DraftTally>,
+) -> GenStream {
     let deltas = merge(choices);
-    let state = Some((answer, deltas));
+    let state = Some((answer, deltas, drafts));
     stream::unfold(state, |state| async move {
-        let (mut answer, mut deltas) = state?;
+        let (mut answer, mut deltas, drafts) = state?;
         let batch = match deltas.next().await {
             Some((index, Ok(delta))) => {
                 let events = answer.events(index, delta).into_iter().map(Ok);
-                return Some((events.collect::<Vec<_>>(), Some((answer, deltas))));
+                return Some((events.collect::<Vec<_>>(), Some((answer, deltas, drafts))));
             }
             Some((_, Err(e))) => vec![Err(e)],
-            None => vec![Ok(GenEvent::Usage(answer.usage()))],
+            None => {
+                let (drafted, accepted) = drafts.get();
+                vec![Ok(GenEvent::Usage(
+                    answer.usage().with_drafts(drafted, accepted),
+                ))]
+            }
         };
         Some((batch, None))
     })

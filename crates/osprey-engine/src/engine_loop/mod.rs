@@ -20,6 +20,7 @@ use crate::request::{EventSender, SeqEvent, ValidRequest};
 use crate::sampler::{Sampled, Sampler, TokenLogprob, log_sum_exp, top_n};
 use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulingPolicy};
 use crate::sequence::Sequence;
+use crate::speculative::Speculation;
 use crate::structured::{Constraint, SimpleVob};
 use crate::tiers::KvTiers;
 use tiering::Tiering;
@@ -172,6 +173,9 @@ impl EngineLoop {
         let mut enders = end_tokens.clone();
         enders.extend(&req.params.stop_token_ids);
         self.next_id += 1;
+        let max_draft = self.scheduler.config().speculation.max_draft;
+        let speculation =
+            (req.speculative && max_draft > 0).then(|| Speculation::new(max_draft, req.drafts));
         let seq = Sequence {
             id: self.next_id,
             prompt_len: req.prompt.len(),
@@ -192,6 +196,7 @@ impl EngineLoop {
             heat: Default::default(),
             look_below: true,
             deferrals: 0,
+            speculation,
             finish: None,
         };
         self.scheduler.add(seq);
@@ -234,7 +239,7 @@ impl EngineLoop {
         let running = self.scheduler.running_mut();
         for (k, s) in plan.scheduled.iter().enumerate() {
             let seq = &mut running[s.index];
-            if samples(seq, s.n_tokens)
+            if samples(seq, s)
                 && let Some(c) = seq.constraint.take()
             {
                 constrained.push((k, c));
@@ -248,8 +253,9 @@ impl EngineLoop {
         for s in &plan.scheduled {
             let seq = &running[s.index];
             let start = seq.num_computed;
-            tokens.extend_from_slice(&seq.tokens[start..start + s.n_tokens]);
-            let logits = if !prompt_positions(seq, s.n_tokens).is_empty() {
+            tokens.extend_from_slice(&seq.tokens[start..start + s.n_tokens - s.n_draft]);
+            tokens.extend_from_slice(draft_of(seq, s));
+            let logits = if !prompt_positions(seq, s.n_tokens).is_empty() || s.n_draft > 0 {
                 LogitsWanted::All
             } else if start + s.n_tokens == seq.tokens.len() {
                 LogitsWanted::Last
@@ -291,10 +297,10 @@ impl EngineLoop {
             // sequences' states, which then fail below.
             (logits, masks.map(|m| m.join().unwrap_or_default()))
         });
-        let mut masks: Vec<Option<(Constraint, Result<SimpleVob, Error>)>> =
+        let mut grammars: Vec<Option<(Constraint, Result<SimpleVob, Error>)>> =
             (0..plan.scheduled.len()).map(|_| None).collect();
         for (k, c, mask) in computed.into_iter().flatten() {
-            masks[k] = Some((c, mask));
+            grammars[k] = Some((c, mask));
         }
         metrics::histogram!(names::BATCH_TOKENS, "model" => self.label.clone())
             .record(tokens.len() as f64);
@@ -306,15 +312,16 @@ impl EngineLoop {
         let vocab = self.model.config().vocab_size;
         let mut rest: &mut [f32] = logits;
         let mut work = Vec::with_capacity(plan.scheduled.len());
-        let mut next = plan.scheduled.iter().zip(&kinds).zip(&masks).peekable();
+        let mut next = (plan.scheduled.iter().zip(&kinds)).zip(grammars).peekable();
         for (index, seq) in self.scheduler.running_mut().iter_mut().enumerate() {
-            let Some(&((s, &kind), mask)) = next.peek() else {
+            let Some(((s, kind), _)) = next.peek() else {
                 break;
             };
+            let (s, kind) = (*s, **kind);
             if s.index != index {
                 continue;
             }
-            next.next();
+            let ((_, _), grammar) = next.next().expect("peeked");
             let n_rows = match kind {
                 LogitsWanted::None => 0,
                 LogitsWanted::Last => 1,
@@ -326,16 +333,17 @@ impl EngineLoop {
                 .map(|q| (q > 0).then(|| (seq.tokens[q], q - 1 - seq.num_computed)))
                 .collect();
             let top = seq.sampler.params().logprobs.unwrap_or(0);
-            let sampling = samples(seq, s.n_tokens);
-            let mask = match mask {
-                Some((_, Ok(mask))) => Some(mask),
-                _ => None,
+            let sampling = samples(seq, s);
+            let draft = match &seq.speculation {
+                Some(spec) if s.n_draft > 0 => &spec.draft()[..s.n_draft],
+                _ => &[],
             };
             work.push(StepWork {
                 rows,
                 targets,
                 top,
-                mask,
+                grammar,
+                draft,
                 sampler: sampling.then_some(&mut seq.sampler),
             });
         }
@@ -343,34 +351,23 @@ impl EngineLoop {
             .pool
             .install(|| work.into_par_iter().map(|w| w.run(vocab)).collect());
 
-        // Apply results in order: advance, cache full blocks, report, end what is done.
+        // Apply results in order: report, advance, cache full blocks, end what is done.
         let running = self.scheduler.running_mut();
-        for ((s, result), mask) in plan.scheduled.iter().zip(results).zip(masks) {
+        let mut spec = SpecCounts::default();
+        for (s, result) in plan.scheduled.iter().zip(results) {
             let seq = &mut running[s.index];
-            let mut constraint = None;
-            match mask {
-                Some((c, Ok(_))) => constraint = Some(c),
-                Some((_, Err(e))) => {
-                    // The sequence's stream ends with this error; the `Finished` sent when it
-                    // is taken out below comes after the end and is not read.
-                    seq.send(SeqEvent::Failed(e));
-                    seq.finish = Some(FinishReason::Stop);
-                    continue;
-                }
-                None => {}
-            }
             let reported = prompt_positions(seq, s.n_tokens);
-            seq.num_computed += s.n_tokens;
-            seq.block_table.commit(&seq.tokens, seq.num_computed);
             if !result.prompt_logprobs.is_empty() {
                 seq.prompt_logprobs_sent = Some(reported.end);
                 seq.send(SeqEvent::PromptLogprobs(result.prompt_logprobs));
             }
-            if seq.num_computed == seq.tokens.len() && seq.sampler.params().max_tokens == 0 {
+            if seq.num_computed + s.n_tokens == seq.tokens.len()
+                && seq.sampler.params().max_tokens == 0
+            {
                 // Scoring only: the prompt is done and nothing is to be generated.
                 seq.finish = Some(FinishReason::Length);
             }
-            if let Some(sampled) = result.sampled {
+            for sampled in result.chosen {
                 let id = sampled.id;
                 if seq.generated() == 0 {
                     metrics::histogram!(names::ENGINE_QUEUE_TO_FIRST_TOKEN, "model" => self.label.clone(), "priority" => seq.priority.as_str())
@@ -378,22 +375,40 @@ impl EngineLoop {
                 }
                 seq.send(SeqEvent::Token(sampled));
                 seq.finish = seq.push_token(id);
-                if let Some(c) = constraint.as_mut() {
-                    match c.advance(id) {
-                        // Complete: nothing else may follow, so the answer ends here.
-                        Ok(()) if c.is_complete() => {
-                            seq.finish.get_or_insert(FinishReason::Stop);
-                        }
-                        Ok(()) => {}
-                        Err(e) => {
-                            seq.send(SeqEvent::Failed(e));
-                            seq.finish = Some(FinishReason::Stop);
-                        }
-                    }
+                if seq.finish.is_some() {
+                    break; // the rest of a draft past the end is not part of the answer
                 }
             }
-            seq.constraint = constraint.or(seq.constraint.take());
+            // The keys and values kept: the rows of its tokens and of the accepted draft; a
+            // rejected draft's rows are past them, overwritten later, and their pages go back.
+            let computed = seq.num_computed + s.n_tokens - s.n_draft + result.accepted;
+            seq.num_computed = computed.min(seq.tokens.len());
+            seq.block_table.commit(&seq.tokens, seq.num_computed);
+            if s.n_draft > 0 {
+                seq.block_table.shrink(seq.tokens.len());
+                if let Some(speculation) = &mut seq.speculation {
+                    speculation.verified(result.accepted);
+                }
+                spec.record(s.n_draft, result.accepted);
+            }
+            match result.grammar {
+                Some(Ok(c)) => {
+                    // Complete: nothing else may follow, so the answer ends here.
+                    if c.is_complete() {
+                        seq.finish.get_or_insert(FinishReason::Stop);
+                    }
+                    seq.constraint = Some(c);
+                }
+                Some(Err(e)) => {
+                    // The sequence's stream ends with this error; the `Finished` sent when it
+                    // is taken out below comes after the end and is not read.
+                    seq.send(SeqEvent::Failed(e));
+                    seq.finish = Some(FinishReason::Stop);
+                }
+                None => {}
+            }
         }
+        spec.export(&self.label);
         self.gather_signals(&plan.scheduled);
         for seq in self.scheduler.take_running(|s| s.finish.is_some()) {
             seq.send(SeqEvent::Finished(seq.finish.unwrap_or(FinishReason::Stop)));
@@ -503,28 +518,45 @@ fn prompt_positions(seq: &Sequence, n: usize) -> std::ops::Range<usize> {
     }
 }
 
-/// Whether `seq` samples a token after computing `n` more: its prompt is then complete and it
-/// is to generate.
-fn samples(seq: &Sequence, n: usize) -> bool {
-    seq.num_computed + n == seq.tokens.len() && seq.sampler.params().max_tokens > 0
+/// Whether `seq` samples a token after its share `s` of the step: its prompt is then complete
+/// and it is to generate.
+fn samples(seq: &Sequence, s: &ScheduledSeq) -> bool {
+    seq.num_computed + s.n_tokens - s.n_draft == seq.tokens.len()
+        && seq.sampler.params().max_tokens > 0
 }
 
-/// One sequence's post-forward work: score its prompt positions and sample.
+/// The draft `seq` verifies in its share `s` of the step (empty when none).
+fn draft_of<'a>(seq: &'a Sequence, s: &ScheduledSeq) -> &'a [u32] {
+    match &seq.speculation {
+        Some(spec) if s.n_draft > 0 => &spec.draft()[..s.n_draft],
+        _ => &[],
+    }
+}
+
+/// One sequence's post-forward work: score its prompt positions, and sample, or verify its
+/// draft row by row.
 struct StepWork<'a> {
     rows: &'a mut [f32],
     /// Per reported prompt position: its token and the logits row predicting it (`None` for
     /// position 0).
     targets: Vec<Option<(u32, usize)>>,
     top: usize,
-    /// The tokens its grammar allows, if it has one.
-    mask: Option<&'a SimpleVob>,
+    /// Its grammar, if it has one, and the tokens it allows at the first row sampled.
+    grammar: Option<(Constraint, Result<SimpleVob, Error>)>,
+    /// The drafted tokens its last rows verify.
+    draft: &'a [u32],
     sampler: Option<&'a mut Sampler>,
 }
 
 /// What a [`StepWork`] produced.
 struct StepResult {
     prompt_logprobs: Vec<Option<TokenLogprob>>,
-    sampled: Option<Sampled>,
+    /// The tokens chosen, in order: the drafted ones the target agreed with, then its own.
+    chosen: Vec<Sampled>,
+    /// Of those, the drafted ones.
+    accepted: usize,
+    /// Its grammar advanced past the chosen tokens, or the error that ended it.
+    grammar: Option<Result<Constraint, Error>>,
 }
 
 impl StepWork<'_> {
@@ -544,13 +576,89 @@ impl StepWork<'_> {
                 })
             })
             .collect();
-        let sampled = self.sampler.map(|s| {
-            let last = self.rows.len() - vocab;
-            s.sample(&mut self.rows[last..], self.mask)
-        });
-        StepResult {
+        let mut result = StepResult {
             prompt_logprobs,
-            sampled,
+            chosen: Vec::new(),
+            accepted: 0,
+            grammar: None,
+        };
+        let Some(sampler) = self.sampler else {
+            return result;
+        };
+        let (mut grammar, mut mask) = match self.grammar {
+            None => (None, None),
+            Some((c, Ok(mask))) => (Some(c), Some(mask)),
+            Some((_, Err(e))) => {
+                result.grammar = Some(Err(e));
+                return result;
+            }
+        };
+        let first = self.rows.len() / vocab - 1 - self.draft.len();
+        for (i, row) in self.rows[first * vocab..]
+            .chunks_exact_mut(vocab)
+            .enumerate()
+        {
+            let (sampled, agreed) = match self.draft.get(i) {
+                Some(&d) => sampler.verify(row, mask.as_ref(), d),
+                None => (sampler.sample(row, mask.as_ref()), false),
+            };
+            let id = sampled.id;
+            result.chosen.push(sampled);
+            result.accepted += usize::from(agreed);
+            if let Some(c) = grammar.as_mut() {
+                let next = c
+                    .advance(id)
+                    .and_then(|()| match agreed && !c.is_complete() {
+                        true => c.allowed().map(Some),
+                        false => Ok(None),
+                    });
+                match next {
+                    Ok(next) => mask = next,
+                    Err(e) => {
+                        result.grammar = Some(Err(e));
+                        return result;
+                    }
+                }
+                if c.is_complete() {
+                    break; // nothing may follow
+                }
+            }
+            if !agreed {
+                break;
+            }
+        }
+        result.grammar = grammar.map(Ok);
+        result
+    }
+}
+
+/// Drafted and accepted tokens over one step, for the metrics.
+#[derive(Default)]
+struct SpecCounts {
+    drafted: u64,
+    accepted: u64,
+    /// Accepted lengths of the step's verified drafts.
+    lengths: Vec<usize>,
+}
+
+impl SpecCounts {
+    fn record(&mut self, drafted: usize, accepted: usize) {
+        self.drafted += drafted as u64;
+        self.accepted += accepted as u64;
+        self.lengths.push(accepted);
+    }
+
+    fn export(self, label: &metrics::SharedString) {
+        if self.lengths.is_empty() {
+            return;
+        }
+        metrics::counter!(names::SPEC_DRAFT_TOKENS, "model" => label.clone())
+            .increment(self.drafted);
+        metrics::counter!(names::SPEC_ACCEPTED_TOKENS, "model" => label.clone())
+            .increment(self.accepted);
+        let lengths = metrics::histogram!(names::SPEC_ACCEPTED_LENGTH, "model" => label.clone());
+        for n in self.lengths {
+            lengths.record(n as f64);
         }
     }
 }

@@ -21,6 +21,15 @@ pub fn timed(events: GenStream, mut timer: RequestTimer) -> GenStream {
                 }
             }
             Ok(GenEvent::Usage(usage)) => {
+                if let Some(d) = usage.completion_tokens_details {
+                    let drafted = d.accepted_prediction_tokens + d.rejected_prediction_tokens;
+                    timer.note(|n| {
+                        n.speculation = Some(crate::record::SpeculationNote {
+                            drafted,
+                            accepted: d.accepted_prediction_tokens,
+                        })
+                    });
+                }
                 timer.finish(usage.prompt_tokens, usage.completion_tokens)
             }
             Err(e) => timer.note(|n| n.error = Some(e.message.clone())),

@@ -32,6 +32,10 @@ pub struct ModelBenchArgs {
     /// Print one JSON object per test instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Compute the logits of every prompt row, as verifying a draft does (llama-bench only
+    /// computes the last row's).
+    #[arg(long)]
+    pub all_logits: bool,
 }
 
 pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
@@ -54,7 +58,10 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
             n_tokens: tokens.len(),
             start_pos: start,
             block_tables: &tables,
-            logits: LogitsWanted::Last,
+            logits: match args.all_logits {
+                true => LogitsWanted::All,
+                false => LogitsWanted::Last,
+            },
         }];
         pool.install(|| {
             model.forward(

@@ -21,6 +21,9 @@ pub struct Outcome {
     pub e2e: f64,
     /// Generated tokens (the server's usage count when given, else content chunks).
     pub output_tokens: u64,
+    /// A hash of the generated text, to tell whether two servers wrote the same.
+    #[serde(default)]
+    pub text_hash: u64,
 }
 
 impl Outcome {
@@ -84,7 +87,9 @@ pub async fn send(
         ttft: None,
         e2e: 0.0,
         output_tokens: 0,
+        text_hash: 0,
     };
+    let mut written = std::collections::hash_map::DefaultHasher::new();
     let result = async {
         let body = spec.body(model);
         let post = || {
@@ -130,6 +135,9 @@ pub async fn send(
                         return Err(format!("stream error: {e}"));
                     }
                     let content = &v["choices"][0]["delta"]["content"];
+                    if let Some(c) = content.as_str() {
+                        std::hash::Hash::hash(c, &mut written);
+                    }
                     if content.as_str().is_some_and(|c| !c.is_empty()) {
                         if outcome.ttft.is_none() {
                             outcome.ttft = Some(start.elapsed().as_secs_f64());
@@ -152,7 +160,10 @@ pub async fn send(
     .await;
     outcome.e2e = start.elapsed().as_secs_f64();
     match result {
-        Ok(n) => outcome.output_tokens = n,
+        Ok(n) => {
+            outcome.output_tokens = n;
+            outcome.text_hash = std::hash::Hasher::finish(&written);
+        }
         Err(e) => outcome.error = Some(e),
     }
     outcome

@@ -84,6 +84,15 @@ pub struct EngineRun {
     /// Steps sequences were held back to keep an expert under capacity.
     pub deferrals: f64,
     pub preemptions: f64,
+    /// Tokens drafted by speculative decoding.
+    #[serde(default)]
+    pub drafted: f64,
+    /// Of those, accepted.
+    #[serde(default)]
+    pub accepted: f64,
+    /// Drafts verified.
+    #[serde(default)]
+    pub verified: Option<f64>,
 }
 
 impl EngineRun {
@@ -111,6 +120,10 @@ impl EngineRun {
             experts_active_mean: mean(names::EXPERTS_ACTIVE),
             deferrals: d(names::SCHEDULER_DEFERRALS),
             preemptions: d(names::PREEMPTIONS),
+            drafted: d(names::SPEC_DRAFT_TOKENS),
+            accepted: d(names::SPEC_ACCEPTED_TOKENS),
+            verified: Some(d(&format!("{}_count", names::SPEC_ACCEPTED_LENGTH)))
+                .filter(|&v| v > 0.0),
         }
     }
 
@@ -131,6 +144,9 @@ impl EngineRun {
             experts_active_mean: m(|r| r.experts_active_mean),
             deferrals: m(|r| Some(r.deferrals)).unwrap_or(0.0),
             preemptions: m(|r| Some(r.preemptions)).unwrap_or(0.0),
+            drafted: m(|r| Some(r.drafted)).unwrap_or(0.0),
+            accepted: m(|r| Some(r.accepted)).unwrap_or(0.0),
+            verified: m(|r| r.verified),
         }
     }
 }

@@ -12,6 +12,7 @@
 
 mod chart;
 mod client;
+mod copying;
 mod engine_stats;
 mod report;
 mod sweep;
@@ -47,7 +48,9 @@ pub struct ServeBenchArgs {
     #[arg(long)]
     pub compare_label: Vec<String>,
     /// `a` (concurrency sweep), `b` (shared system prompt), `c` (cache-aware routing: compare
-    /// gateways in front of the same workers) or `f` (interactive + batch).
+    /// gateways in front of the same workers), `f` (interactive + batch) or `s` (speculative
+    /// decoding: copy-heavy and open-ended prompts; compare a server speculating with one
+    /// that does not).
     #[arg(long, short = 'w', value_enum, default_value = "a")]
     pub workload: WorkloadId,
     /// Concurrent streams: the sweep of A (default 1,8,32), the users of B (default 32) or C
@@ -153,6 +156,7 @@ pub fn run(args: ServeBenchArgs) -> anyhow::Result<()> {
             WorkloadId::B => 1,
             WorkloadId::C => 4,
             WorkloadId::F => 5,
+            WorkloadId::S => 3,
         }),
         seed: args.seed,
         prompt_tokens: args.prompt_tokens,
@@ -282,6 +286,8 @@ async fn measure(args: &ServeBenchArgs, runs: Vec<Vec<Level>>) -> anyhow::Result
                 LevelReport {
                     name: level.name.clone(),
                     concurrency: level.concurrency,
+                    same_text: (args.workload == WorkloadId::S)
+                        .then(|| LevelReport::texts_agree(&servers)),
                     servers,
                     advantage,
                 }

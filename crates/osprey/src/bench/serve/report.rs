@@ -110,6 +110,10 @@ pub struct LevelRun {
     /// What an Osprey server's engine did in the run (from its `/metrics`).
     #[serde(default)]
     pub engine: Option<EngineRun>,
+    /// The completed requests' texts, summarized (a sum of their hashes, in whatever order
+    /// they finished): equal between servers that wrote the same answers.
+    #[serde(default)]
+    pub text_digest: u64,
     /// First error messages, for the record.
     pub sample_errors: Vec<String>,
 }
@@ -138,6 +142,9 @@ impl LevelRun {
             groups,
             prefix_hit_rate: None,
             engine: None,
+            text_digest: (outcomes.iter())
+                .filter(|o| o.error.is_none())
+                .fold(0u64, |sum, o| sum.wrapping_add(o.text_hash)),
             sample_errors: outcomes
                 .iter()
                 .filter_map(|o| o.error.clone())
@@ -218,6 +225,19 @@ pub struct LevelReport {
     /// The first server's advantage over each other one, per group (above 1 = first is
     /// better).
     pub advantage: Vec<(String, BTreeMap<String, Figures>)>,
+    /// Workload S: whether every server wrote the same text in every run (the same engine
+    /// with speculation on and off must).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_text: Option<bool>,
+}
+
+impl LevelReport {
+    /// Whether every server's runs wrote what the first server's did, run by run.
+    pub fn texts_agree(servers: &[ServerLevel]) -> bool {
+        let digests = |s: &ServerLevel| s.runs.iter().map(|r| r.text_digest).collect::<Vec<_>>();
+        let first = servers.first().map(digests).unwrap_or_default();
+        servers.iter().all(|s| digests(s) == first)
+    }
 }
 
 fn secs(s: f64) -> String {
@@ -304,6 +324,7 @@ pub fn table(report: &Report) -> String {
         }
     }
     out += &engine_table(report);
+    out += &speculation_table(report);
     for s in &report.servers {
         if let Some(rss) = s.peak_rss_mib {
             out += &format!("peak RSS of {}: {rss:.0} MiB\n", s.label);
@@ -362,6 +383,42 @@ fn engine_table(report: &Report) -> String {
     out
 }
 
+/// What speculative decoding did, for levels where a server drafted.
+fn speculation_table(report: &Report) -> String {
+    let rows: Vec<(&LevelReport, &str, EngineRun)> = (report.levels.iter())
+        .flat_map(|l| {
+            (l.servers.iter()).filter_map(move |s| Some((l, s.server.as_str(), s.median_engine?)))
+        })
+        .filter(|(_, _, e)| e.drafted > 0.0)
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "\n{:<16} {:<14} {:>9} {:>9} {:>8} {:>11} {:>10}\n",
+        "level", "server", "drafted", "accepted", "accept %", "per verify", "same text"
+    );
+    for (level, server, e) in rows {
+        let same = level
+            .same_text
+            .map_or("-", |s| if s { "yes" } else { "NO" });
+        out += &format!(
+            "{:<16} {:<14} {:>9.0} {:>9.0} {:>8.1} {:>11} {:>10}\n",
+            level.name,
+            server,
+            e.drafted,
+            e.accepted,
+            100.0 * e.accepted / e.drafted,
+            e.verified
+                .map_or("-".into(), |v| format!("{:.2}", e.accepted / v)),
+            same,
+        );
+    }
+    out += "accept %: drafted tokens the model accepted; per verify: accepted tokens per verified \
+            draft; same text: every server wrote the same answers in every run\n";
+    out
+}
+
 fn short(label: &str) -> String {
     label.chars().take(6).collect()
 }
@@ -377,6 +434,7 @@ mod tests {
             ttft: Some(ttft),
             e2e,
             output_tokens: tokens,
+            text_hash: tokens,
         }
     }
 

@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use osprey_engine::Tokenizer;
+
+use super::copying::{CopyPrompts, Kind};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
@@ -20,6 +22,10 @@ pub enum WorkloadId {
     C,
     /// Interactive and batch clients at a fixed ratio, over a fixed window.
     F,
+    /// Speculative decoding: copy-heavy prompts (repeat, correct, list, rename, quote) and
+    /// open-ended ones, greedy, each answered to its natural end (at most 256 tokens); at one
+    /// stream a level per kind, at more a mix of every kind.
+    S,
 }
 
 impl WorkloadId {
@@ -51,6 +57,9 @@ pub struct RequestSpec {
     /// Tokens of the generated message text (the chat template adds a few of its own).
     pub prompt_tokens: usize,
     pub max_tokens: usize,
+    /// Whether the answer may end before `max_tokens` (else it runs to `max_tokens`, EOS
+    /// ignored, so every server generates the same count).
+    pub natural_end: bool,
 }
 
 impl RequestSpec {
@@ -61,7 +70,7 @@ impl RequestSpec {
             "messages": self.messages,
             "max_tokens": self.max_tokens,
             "temperature": 0.0,
-            "ignore_eos": true,
+            "ignore_eos": !self.natural_end,
             "stream": true,
             "stream_options": {"include_usage": true},
         });
@@ -280,6 +289,7 @@ impl<'a> PromptMaker<'a> {
             messages,
             prompt_tokens: len,
             max_tokens,
+            natural_end: false,
         }
     }
 
@@ -416,7 +426,58 @@ pub fn levels(id: WorkloadId, shape: &Shape, tokenizer: &Tokenizer) -> Vec<Level
                 window: Some(shape.window),
             }]
         }
+        WorkloadId::S => speculation_levels(shape, tokenizer, &mut p),
     }
+}
+
+/// Workload S: at one stream, a level per kind of prompt; at more, clients sending every kind
+/// in turn.
+fn speculation_levels(shape: &Shape, tokenizer: &Tokenizer, p: &mut PromptMaker) -> Vec<Level> {
+    let mut prompts = CopyPrompts::new(shape.seed);
+    let mut request = |kind: Kind| {
+        let text = prompts.message(kind);
+        RequestSpec {
+            class: Class::Interactive,
+            prompt_tokens: tokenizer.encode(&text, false).len(),
+            messages: json!([{"role": "user", "content": text}]),
+            max_tokens: 256,
+            natural_end: true,
+        }
+    };
+    let warmup = vec![p.request(Class::Interactive, None, 32, 8)];
+    let mut levels = Vec::new();
+    for &c in &shape.concurrency {
+        if c == 1 {
+            for kind in Kind::ALL {
+                let requests = (0..shape.requests_per_client)
+                    .map(|_| request(kind))
+                    .collect();
+                levels.push(Level {
+                    name: format!("S {} c=1", kind.as_str()),
+                    concurrency: 1,
+                    clients: vec![ClientPlan { requests }],
+                    warmup: warmup.clone(),
+                    window: None,
+                });
+            }
+            continue;
+        }
+        let clients = (0..c)
+            .map(|i| ClientPlan {
+                requests: (0..shape.requests_per_client)
+                    .map(|j| request(Kind::ALL[(i + j) % Kind::ALL.len()]))
+                    .collect(),
+            })
+            .collect();
+        levels.push(Level {
+            name: format!("S mix c={c}"),
+            concurrency: c,
+            clients,
+            warmup: warmup.clone(),
+            window: None,
+        });
+    }
+    levels
 }
 
 #[cfg(test)]
