@@ -48,7 +48,7 @@ impl SpeculationConfig {
 impl Default for SpeculationConfig {
     fn default() -> Self {
         Self {
-            max_draft: 6,
+            max_draft: 7,
             max_step_rows: 16,
         }
     }

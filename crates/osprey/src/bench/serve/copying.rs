@@ -195,10 +195,10 @@ impl CopyPrompts {
         match kind {
             Kind::Repeat => format!(
                 "Repeat the following passage exactly, word for word.\n\n{}",
-                self.passage(5)
+                self.passage(8)
             ),
             Kind::Correct => {
-                let passage = self.passage(5);
+                let passage = self.passage(8);
                 format!(
                     "Correct the spelling mistakes in this text and write out the corrected text.\n\n{}",
                     self.with_typos(&passage)
@@ -206,7 +206,7 @@ impl CopyPrompts {
             }
             Kind::List => format!(
                 "Rewrite this passage as a bulleted list, one sentence per item.\n\n{}",
-                self.passage(5)
+                self.passage(8)
             ),
             Kind::Rename => {
                 let (old, new) = (self.name(), self.name());
