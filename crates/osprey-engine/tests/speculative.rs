@@ -84,17 +84,12 @@ async fn scored(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) -> (Vec<Sc
 }
 
 async fn together(engine: &Engine, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Vec<Scored>> {
-    let runs: Vec<_> = (prompts.iter().cloned())
-        .map(|p| {
-            let engine = engine.clone();
-            tokio::spawn(async move { scored(&engine, p, max_tokens).await.0 })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for run in runs {
-        out.push(run.await.unwrap());
-    }
-    out
+    let runs = (prompts.iter().cloned()).map(|p| {
+        let engine = engine.clone();
+        tokio::spawn(async move { scored(&engine, p, max_tokens).await.0 })
+    });
+    let done = futures_util::future::join_all(runs).await;
+    done.into_iter().map(Result::unwrap).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
