@@ -247,6 +247,50 @@ pub fn nibble(qs: &[u8; 16 * TILE_ROWS], r: usize, k: usize) -> u8 {
     if k < 16 { byte & 0x0f } else { byte >> 4 }
 }
 
+/// The `dot` and `dot_pair_512` of a tile format whose kernels are `$dot` (in `vnni`, `avx2`
+/// and `portable`) and `$pair` (in `vnni`): VNNI where the CPU has it, else the AVX2 this is
+/// compiled for, else portable code.
+macro_rules! tile_kernels {
+    ($dot:ident, $pair:ident) => {
+        #[inline]
+        fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma"
+            ))]
+            // SAFETY: AVX2 and FMA are enabled at compile time and the VNNI kernel runs only
+            // where the CPU has it; `matmul` passes activation rows of `tiles.len()` blocks.
+            unsafe {
+                match vnni::available() {
+                    true => vnni::$dot(tiles, acts),
+                    false => avx2::$dot(tiles, acts),
+                }
+            }
+            #[cfg(not(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma"
+            )))]
+            portable::$dot(tiles, acts)
+        }
+
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
+        unsafe fn dot_pair_512<const R: usize>(
+            a: &[Self],
+            b: &[Self],
+            acts: &[QuantizedRow; R],
+        ) -> Option<[[[f32; TILE_ROWS]; R]; 2]> {
+            // SAFETY: as the trait's contract says.
+            Some(unsafe { vnni::$pair(a, b, acts) })
+        }
+    };
+}
+
 impl Tile for TileQ4_1 {
     type Block = BlockQ4_1;
 
@@ -262,42 +306,7 @@ impl Tile for TileQ4_1 {
         nibble(&self.qs, r, k) as f32 * self.d[r].to_f32() + self.m[r].to_f32()
     }
 
-    #[inline]
-    fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
-        // SAFETY: the features are enabled at compile time; `matmul` passes activation rows
-        // of `tiles.len()` blocks.
-        unsafe {
-            match vnni::available() {
-                true => vnni::q4(tiles, acts),
-                false => avx2::q4(tiles, acts),
-            }
-        }
-        #[cfg(not(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        )))]
-        portable::q4(tiles, acts)
-    }
-
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    unsafe fn dot_pair_512<const R: usize>(
-        a: &[Self],
-        b: &[Self],
-        acts: &[QuantizedRow; R],
-    ) -> Option<[[[f32; TILE_ROWS]; R]; 2]> {
-        // SAFETY: as the trait's contract says.
-        Some(unsafe { vnni::q4_pair(a, b, acts) })
-    }
+    tile_kernels!(q4, q4_pair);
 }
 
 impl Tile for TileQ4F {
@@ -315,41 +324,7 @@ impl Tile for TileQ4F {
         nibble(&self.qs, r, k) as f32 * self.d[r] + self.m[r]
     }
 
-    #[inline]
-    fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
-        // SAFETY: as for `TileQ4_1::dot`.
-        unsafe {
-            match vnni::available() {
-                true => vnni::q4(tiles, acts),
-                false => avx2::q4(tiles, acts),
-            }
-        }
-        #[cfg(not(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        )))]
-        portable::q4(tiles, acts)
-    }
-
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    unsafe fn dot_pair_512<const R: usize>(
-        a: &[Self],
-        b: &[Self],
-        acts: &[QuantizedRow; R],
-    ) -> Option<[[[f32; TILE_ROWS]; R]; 2]> {
-        // SAFETY: as the trait's contract says.
-        Some(unsafe { vnni::q4_pair(a, b, acts) })
-    }
+    tile_kernels!(q4, q4_pair);
 }
 
 impl Tile for TileQ8_0 {
@@ -366,41 +341,7 @@ impl Tile for TileQ8_0 {
         self.qs[(k / 4) * 32 + r * 4 + k % 4] as f32 * self.d[r].to_f32()
     }
 
-    #[inline]
-    fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
-        // SAFETY: as for `TileQ4_1::dot`; the VNNI kernel runs only where the CPU has it.
-        unsafe {
-            match vnni::available() {
-                true => vnni::q8_0(tiles, acts),
-                false => avx2::q8_0(tiles, acts),
-            }
-        }
-        #[cfg(not(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        )))]
-        portable::q8_0(tiles, acts)
-    }
-
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    unsafe fn dot_pair_512<const R: usize>(
-        a: &[Self],
-        b: &[Self],
-        acts: &[QuantizedRow; R],
-    ) -> Option<[[[f32; TILE_ROWS]; R]; 2]> {
-        // SAFETY: as the trait's contract says.
-        Some(unsafe { vnni::q8_0_pair(a, b, acts) })
-    }
+    tile_kernels!(q8_0, q8_0_pair);
 }
 
 impl Tile for TileQ6F {
@@ -417,41 +358,7 @@ impl Tile for TileQ6F {
         self.qs[(k / 4) * 32 + r * 4 + k % 4] as f32 * self.d[k / 16][r]
     }
 
-    #[inline]
-    fn dot<const R: usize>(tiles: &[Self], acts: &[QuantizedRow; R]) -> [[f32; TILE_ROWS]; R] {
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
-        // SAFETY: as for `TileQ8_0::dot`.
-        unsafe {
-            match vnni::available() {
-                true => vnni::q6(tiles, acts),
-                false => avx2::q6(tiles, acts),
-            }
-        }
-        #[cfg(not(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        )))]
-        portable::q6(tiles, acts)
-    }
-
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    unsafe fn dot_pair_512<const R: usize>(
-        a: &[Self],
-        b: &[Self],
-        acts: &[QuantizedRow; R],
-    ) -> Option<[[[f32; TILE_ROWS]; R]; 2]> {
-        // SAFETY: as the trait's contract says.
-        Some(unsafe { vnni::q6_pair(a, b, acts) })
-    }
+    tile_kernels!(q6, q6_pair);
 }
 
 /// Interleaves 8 rows' 32 bytes 4 at a time: group `g` (32 bytes) holds bytes `4g..4g+4` of
