@@ -15,6 +15,7 @@ use crate::kv_events::KvEventLog;
 use crate::prompter::Prompter;
 use crate::request::{EventReceiver, GenerateRequest, ValidRequest};
 use crate::scheduler::{SchedulerConfig, SchedulingPolicy};
+use crate::speculative::Drafter;
 use crate::structured::GrammarCompiler;
 use crate::tiers::{BlockLayout, KvTiers, Tier, TierConfig, model_fingerprint};
 use crate::tokenizer::Tokenizer;
@@ -237,6 +238,14 @@ impl Engine {
         let (model, prompter) = rayon::join(|| Transformer::open(path), || Prompter::load(path));
         let (model, prompter) = (model?, prompter?);
         let mc = model.config().clone();
+        if let Drafter::Layers(n) = config.scheduler.speculation.drafter
+            && n >= mc.n_layers
+        {
+            return Err(ModelError::Input(format!(
+                "--speculative layers:{n} must draft with fewer layers than the model's {}",
+                mc.n_layers
+            )));
+        }
         let max_model_len = config
             .max_model_len
             .unwrap_or(mc.context_length)

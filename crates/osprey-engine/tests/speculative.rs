@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use osprey_core::SamplingParams;
 use osprey_core::api::Usage;
 use osprey_core::backend::{Asked, Backend, GenEvent, GenRequest};
-use osprey_engine::speculative::{DraftTally, SpeculationConfig};
+use osprey_engine::speculative::{DraftTally, Drafter, SpeculationConfig};
 use osprey_engine::{Engine, EngineConfig, GenerateRequest, SchedulerConfig, TemplateMessage};
 use osprey_testkit::{engine, test_config};
 
@@ -120,6 +120,41 @@ async fn drafts_change_no_token_or_logprob_alone_in_a_batch_or_from_the_prefix_c
         on.stats().prefix_hit_tokens() > hits,
         "no prefix was reused"
     );
+}
+
+/// The self-draft (`--speculative layers:N`): the model's first layers guess, the full model
+/// verifies, and nothing changes either, alone or in a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_drafts_change_no_token_or_logprob_alone_or_in_a_batch() {
+    let off = plain();
+    let on = engine(EngineConfig {
+        scheduler: SchedulerConfig {
+            speculation: SpeculationConfig {
+                drafter: Drafter::Layers(26),
+                ..SpeculationConfig::default()
+            },
+            ..SchedulerConfig::default()
+        },
+        ..test_config()
+    });
+    let prompts = prompts(&on);
+    let mut expected = Vec::new();
+    for p in &prompts {
+        expected.push(scored(&off, p.clone(), 48).await.0);
+    }
+    let (mut drafted, mut accepted) = (0, 0);
+    for (i, p) in prompts.iter().enumerate() {
+        let (got, (d, a)) = scored(&on, p.clone(), 48).await;
+        assert_eq!(got, expected[i], "prompt {i} alone");
+        (drafted, accepted) = (drafted + d, accepted + a);
+    }
+    assert!(
+        accepted > 0 && drafted > accepted,
+        "{accepted} of {drafted} drafted tokens accepted"
+    );
+    for (i, got) in together(&on, &prompts, 48).await.iter().enumerate() {
+        assert_eq!(got, &expected[i], "prompt {i} in a batch");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

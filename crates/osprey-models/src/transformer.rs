@@ -336,6 +336,20 @@ impl Transformer {
         kv: &mut KvCache,
         s: &'s mut ForwardScratch,
     ) -> &'s mut [f32] {
+        self.forward_layers(batch, kv, s, self.layers.len())
+    }
+
+    /// [`Self::forward`] through the first `layers` layers only, then the output norm and
+    /// head: the model's own cheap guess at its next tokens (a self-draft). Those layers'
+    /// keys and values are stored as a full pass would store them (the same bits), so a full
+    /// pass over the same positions later rewrites them unchanged.
+    pub fn forward_layers<'s>(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        s: &'s mut ForwardScratch,
+        layers: usize,
+    ) -> &'s mut [f32] {
         let c = &self.config;
         let (t, d, hd) = (batch.tokens.len(), c.d_model, c.head_dim);
         let (q_dim, kv_dim, qkv_dim) = (c.n_heads * hd, c.n_kv_heads * hd, c.qkv_dim());
@@ -392,7 +406,7 @@ impl Transformer {
             *c = Calibration::default();
         }
         let mut moe_index = 0;
-        for (l, layer) in self.layers.iter().enumerate() {
+        for (l, layer) in self.layers.iter().enumerate().take(layers) {
             if self.is_residual_source(l) {
                 s.residuals[l].clear();
                 s.residuals[l].extend_from_slice(&s.x);

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use osprey_engine::speculative::SpeculationConfig;
+use osprey_engine::speculative::{Drafter, SpeculationConfig};
 
 /// Osprey: a production LLM serving stack.
 #[derive(Parser, Debug)]
@@ -269,10 +269,11 @@ pub struct EngineArgs {
     #[arg(long, env = "OSPREY_STARVATION_TIMEOUT", default_value_t = 300.0)]
     pub starvation_timeout: f64,
     /// Speculative decoding: `ngram` drafts a decoding sequence's next tokens from matches of
-    /// its latest tokens in its own prompt and output, and verifies them in the step's forward
-    /// pass; `off` does not. The output is the same either way.
-    #[arg(long, env = "OSPREY_SPECULATIVE", default_value = "ngram", value_parser = ["ngram", "off"])]
-    pub speculative: String,
+    /// its latest tokens in its own prompt and output; `layers:N` drafts them with the model's
+    /// own first N layers and its output head; either way the step's forward pass verifies
+    /// them. `off` does not speculate. The output is the same either way.
+    #[arg(long, env = "OSPREY_SPECULATIVE", default_value = "ngram")]
+    pub speculative: Speculative,
     /// Most tokens a sequence drafts per step.
     #[arg(long, env = "OSPREY_SPECULATIVE_MAX_DRAFT", default_value_t = SpeculationConfig::default().max_draft)]
     pub speculative_max_draft: usize,
@@ -384,5 +385,23 @@ mod tests {
         assert_eq!(parse_bytes("1.5 kb"), Ok(1500));
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("3 parsecs").is_err());
+    }
+}
+
+/// `--speculative`: where drafts come from, or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Speculative(pub Option<Drafter>);
+
+impl std::str::FromStr for Speculative {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Self(None)),
+            _ => s
+                .parse()
+                .map(|d| Self(Some(d)))
+                .map_err(|e| format!("{e}, or off")),
+        }
     }
 }

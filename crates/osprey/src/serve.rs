@@ -228,9 +228,10 @@ pub fn engine_config(args: &EngineArgs) -> EngineConfig {
                 heat_interval: args.heat_interval,
                 ..KdaConfig::default()
             },
-            speculation: match args.speculative.as_str() {
-                "off" => SpeculationConfig::OFF,
-                _ => SpeculationConfig {
+            speculation: match args.speculative.0 {
+                None => SpeculationConfig::OFF,
+                Some(drafter) => SpeculationConfig {
+                    drafter,
                     max_draft: args.speculative_max_draft,
                     max_step_rows: args.speculative_step_rows,
                 },

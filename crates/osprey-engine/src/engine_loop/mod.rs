@@ -1,5 +1,6 @@
 //! The engine thread: one step after another — schedule, one forward pass, sample, report.
 
+mod self_draft;
 mod tiering;
 
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use crate::request::{EventSender, SeqEvent, ValidRequest};
 use crate::sampler::{Sampled, Sampler, TokenLogprob, log_sum_exp, top_n};
 use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulingPolicy};
 use crate::sequence::Sequence;
-use crate::speculative::Speculation;
+use crate::speculative::{Drafter, Speculation};
 use crate::structured::{Constraint, SimpleVob};
 use crate::tiers::KvTiers;
 use tiering::Tiering;
@@ -173,9 +174,9 @@ impl EngineLoop {
         let mut enders = end_tokens.clone();
         enders.extend(&req.params.stop_token_ids);
         self.next_id += 1;
-        let max_draft = self.scheduler.config().speculation.max_draft;
-        let speculation =
-            (req.speculative && max_draft > 0).then(|| Speculation::new(max_draft, req.drafts));
+        let spec = self.scheduler.config().speculation;
+        let speculation = (req.speculative && spec.max_draft > 0)
+            .then(|| Speculation::new(spec.drafter, spec.max_draft, req.drafts));
         let seq = Sequence {
             id: self.next_id,
             prompt_len: req.prompt.len(),
@@ -231,6 +232,18 @@ impl EngineLoop {
         }
         if plan.scheduled.is_empty() {
             return;
+        }
+
+        if let Drafter::Layers(layers) = self.scheduler.config().speculation.drafter {
+            let running = self.scheduler.running_mut();
+            let pass = self_draft::Pass {
+                model: &self.model,
+                kv: &mut self.kv,
+                scratch: &mut self.scratch,
+                pool: &self.pool,
+                layers,
+            };
+            pass.guess(running, &plan.scheduled);
         }
 
         // The grammar states of the sequences that sample this step, taken out so that their

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{DraftLength, NgramProposer};
+use super::{DraftLength, Drafter, NgramProposer};
 
 /// The shortest n-gram a draft is looked up by: one token matches too often to be worth a row.
 const MIN_NGRAM: usize = 2;
@@ -36,7 +36,8 @@ impl DraftTally {
 
 /// What a speculating sequence keeps between steps.
 pub struct Speculation {
-    proposer: NgramProposer,
+    /// Prompt lookup's index; `None` when the engine drafts with the model's first layers.
+    proposer: Option<NgramProposer>,
     length: DraftLength,
     /// The draft the step being planned verifies (empty when it verifies none).
     draft: Vec<u32>,
@@ -44,11 +45,11 @@ pub struct Speculation {
 }
 
 impl Speculation {
-    /// Speculation for a sequence drafting at most `max_draft` tokens a step, counted in
-    /// `tally`.
-    pub fn new(max_draft: usize, tally: Arc<DraftTally>) -> Self {
+    /// Speculation for a sequence drafting at most `max_draft` tokens a step from `drafter`,
+    /// counted in `tally`.
+    pub fn new(drafter: Drafter, max_draft: usize, tally: Arc<DraftTally>) -> Self {
         Self {
-            proposer: NgramProposer::new(MIN_NGRAM, MAX_NGRAM),
+            proposer: (drafter == Drafter::Ngram).then(|| NgramProposer::new(MIN_NGRAM, MAX_NGRAM)),
             length: DraftLength::new(max_draft, max_draft),
             draft: Vec::new(),
             tally,
@@ -57,14 +58,30 @@ impl Speculation {
 
     /// Drafts what follows `tokens` (the sequence so far): at most `cap` tokens, and no more
     /// than its recent acceptance earns. Returns the draft's length (0: nothing to verify).
+    ///
+    /// A self-drafting sequence gets its length only: the engine then guesses that many
+    /// tokens with the model's first layers and hands each to [`Self::push_draft`].
     pub fn plan(&mut self, tokens: &[u32], cap: usize) -> usize {
-        if self.proposer.len() < tokens.len() {
-            self.proposer.extend(&tokens[self.proposer.len()..]);
-        }
         let k = self.length.next().min(cap);
         self.draft.clear();
-        self.draft.extend_from_slice(self.proposer.propose(k));
+        let Some(proposer) = &mut self.proposer else {
+            return k;
+        };
+        if proposer.len() < tokens.len() {
+            proposer.extend(&tokens[proposer.len()..]);
+        }
+        self.draft.extend_from_slice(proposer.propose(k));
         self.draft.len()
+    }
+
+    /// Whether the engine drafts for this sequence (with the model's first layers).
+    pub fn self_drafts(&self) -> bool {
+        self.proposer.is_none()
+    }
+
+    /// Appends a token the engine guessed to the planned draft.
+    pub fn push_draft(&mut self, token: u32) {
+        self.draft.push(token);
     }
 
     /// The planned draft.
@@ -94,7 +111,7 @@ mod tests {
     #[test]
     fn a_copying_sequence_drafts_longer_and_counts_what_it_verified() {
         let tally = Arc::new(DraftTally::default());
-        let mut s = Speculation::new(4, tally.clone());
+        let mut s = Speculation::new(Drafter::Ngram, 4, tally.clone());
         let passage = [10, 11, 12, 13, 14, 15, 16, 17];
         let mut tokens: Vec<u32> = passage.iter().chain(&[1, 10, 11]).copied().collect();
         assert_eq!(s.plan(&tokens, 8), 4, "starts at the most");
