@@ -1,4 +1,6 @@
-//! A chart of workload A: output tokens/s and TTFT against concurrency, one line per server.
+//! Charts of `osprey bench serve`: workload A's output tokens/s and TTFT against concurrency,
+//! one line per server; workload S's speed-up (first server over the second) per level and
+//! its acceptance per prompt kind.
 
 use std::path::Path;
 
@@ -14,8 +16,101 @@ const COLORS: [RGBColor; 4] = [
     RGBColor(148, 103, 189),
 ];
 
-/// Draws `report` (a concurrency sweep) as an SVG at `path`.
+/// Draws `report` as an SVG at `path`: workload S as speed-up and acceptance per level, any
+/// other as a concurrency sweep.
 pub fn draw(report: &Report, path: &Path) -> anyhow::Result<()> {
+    match report.workload.as_str() {
+        "S" => draw_speculation(report, path),
+        _ => draw_sweep(report, path),
+    }
+}
+
+/// Workload S: per level, the first server's output tokens/s over the second's (bars, with
+/// dashed lines at 1× and at the 2× target), and per level the first server's accepted share
+/// of its drafted tokens.
+fn draw_speculation(report: &Report, path: &Path) -> anyhow::Result<()> {
+    // (level, speed-up, accepted %)
+    let bars: Vec<(String, f64, f64)> = (report.levels.iter())
+        .map(|l| {
+            let speed_up = (l.advantage.first())
+                .and_then(|(_, adv)| adv.get("all"))
+                .map_or(f64::NAN, |f| f.output_tokens_per_s);
+            let accepted = (l.servers.first())
+                .and_then(|s| s.median_engine)
+                .filter(|e| e.drafted > 0.0)
+                .map_or(0.0, |e| 100.0 * e.accepted / e.drafted);
+            let name = l.name.trim_start_matches("S ").trim_end_matches(" c=1");
+            (name.to_owned(), speed_up, accepted)
+        })
+        .collect();
+    let last = bars.len().saturating_sub(1);
+    let finite = bars.iter().map(|b| b.1).filter(|v| v.is_finite());
+    let top = finite.fold(2.2, f64::max) * 1.1;
+    let label = |i: &SegmentValue<usize>| match i {
+        SegmentValue::CenterOf(i) => bars.get(*i).map_or(String::new(), |b| b.0.clone()),
+        _ => String::new(),
+    };
+    let root = SVGBackend::new(path, (1120, 400)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(560);
+    let caption = match report.servers.as_slice() {
+        [a, b, ..] => format!("output tokens/s, {} ÷ {}", a.label, b.label),
+        _ => "output tokens/s".to_owned(),
+    };
+    let mut speed = ChartBuilder::on(&left)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(52)
+        .build_cartesian_2d((0..last).into_segmented(), 0.0..top)?;
+    speed
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(bars.len())
+        .x_label_formatter(&label)
+        .y_desc("speed-up (×)")
+        .draw()?;
+    speed.draw_series(
+        Histogram::vertical(&speed)
+            .margin(8)
+            .style(COLORS[0].mix(0.8).filled())
+            .data(
+                bars.iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.1.is_finite())
+                    .map(|(i, b)| (i, b.1)),
+            ),
+    )?;
+    for (at, color) in [(1.0, BLACK), (2.0, COLORS[1])] {
+        let line = [(SegmentValue::Exact(0), at), (SegmentValue::Last, at)];
+        speed.draw_series(DashedLineSeries::new(line, 6, 4, color.stroke_width(1)))?;
+    }
+    let mut accept = ChartBuilder::on(&right)
+        .caption("drafted tokens accepted, %", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(52)
+        .build_cartesian_2d((0..last).into_segmented(), 0.0..100.0)?;
+    accept
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(bars.len())
+        .x_label_formatter(&label)
+        .y_desc("%")
+        .draw()?;
+    accept.draw_series(
+        Histogram::vertical(&accept)
+            .margin(8)
+            .style(COLORS[2].mix(0.8).filled())
+            .data(bars.iter().enumerate().map(|(i, b)| (i, b.2))),
+    )?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// A concurrency sweep (workload A): tokens/s and TTFT against concurrency.
+fn draw_sweep(report: &Report, path: &Path) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (960, 400)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(480);

@@ -93,7 +93,8 @@ pub struct ServeBenchArgs {
     /// Write the full report (every run) as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Draw tokens/s and TTFT against concurrency (workload A) as SVG here.
+    /// Draw an SVG chart here: tokens/s and TTFT against concurrency (workload A), or the
+    /// speed-up and acceptance per level (workload S).
     #[arg(long)]
     pub chart: Option<PathBuf>,
     /// Pid of the first server, to report its peak RSS.
