@@ -5,7 +5,9 @@
 #   B: Osprey vs Osprey without prefix caching vs llama-server --parallel 32;
 #   F: Osprey's priority scheduling vs the same engine in FCFS order (16 seats, 32 clients);
 #   M: memory: peak RSS of Osprey and llama-server at 32 streams of 2,000-token contexts;
-#   W: M with Osprey's pool cut to the KV bytes llama-server allocates (its window-sized cache).
+#   W: M with Osprey's pool cut to the KV bytes llama-server allocates (its window-sized cache);
+#   S: speculative decoding: Osprey's prompt lookup on and off, llama-server's own prompt lookup
+#      (--spec-type ngram-simple, its defaults) on and off, at 1, 8 and 32 streams.
 # Every server gets the same GGUF, 2 threads and the same KV memory (llama-server's -c tokens
 # × the model's bytes per token of f16 K and V). Results: $OUT/*.json, tables on stdout.
 # Usage: [MODEL_NAME=gemma-3-270m] bash bench/serve-compare.sh [runs=3] [workloads="a b f"]
@@ -117,6 +119,19 @@ for w in $WORKLOADS; do
       --compare http://127.0.0.1:8091 --compare-label llama-server --compare-pid "$llama" \
       --json "$OUT/b.json"
     stop "$osprey" "$nocache" "$llama"
+    ;;
+  s)
+    # 32 × 1,024 tokens of KV for each server; llama-server with 32 slots for every level.
+    start_osprey 8090 32768; on=$PID
+    start_osprey 8092 32768 --speculative off; off=$PID
+    start_llama 8091 32 32768 --spec-type ngram-simple; llama_on=$PID
+    start_llama 8093 32 32768; llama_off=$PID
+    bench -w s --url http://127.0.0.1:8090 --label osprey-ngram --pid "$on" \
+      --compare http://127.0.0.1:8092 --compare-label osprey-off --compare-pid "$off" \
+      --compare http://127.0.0.1:8091 --compare-label llama-ngram --compare-pid "$llama_on" \
+      --compare http://127.0.0.1:8093 --compare-label llama-off --compare-pid "$llama_off" \
+      --json "$OUT/s.json" --chart "$OUT/s.svg"
+    stop "$on" "$off" "$llama_on" "$llama_off"
     ;;
   f)
     # 16 seats for 8 interactive and 24 batch clients, so requests queue for admission.
