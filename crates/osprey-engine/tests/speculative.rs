@@ -92,20 +92,30 @@ async fn together(engine: &Engine, prompts: &[Vec<u32>], max_tokens: usize) -> V
     done.into_iter().map(Result::unwrap).collect()
 }
 
+/// Each prompt run alone on `on`, and on `off`, which never speculates: asserts that the
+/// answers are the same, and returns them with the drafts' tally over all of them.
+async fn same_alone(
+    off: &Engine,
+    on: &Engine,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> (Vec<Vec<Scored>>, (u64, u64)) {
+    let (mut expected, mut drafted, mut accepted) = (Vec::new(), 0, 0);
+    for (i, p) in prompts.iter().enumerate() {
+        let want = scored(off, p.clone(), max_tokens).await.0;
+        let (got, (d, a)) = scored(on, p.clone(), max_tokens).await;
+        assert_eq!(got, want, "prompt {i} alone");
+        expected.push(want);
+        (drafted, accepted) = (drafted + d, accepted + a);
+    }
+    (expected, (drafted, accepted))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drafts_change_no_token_or_logprob_alone_in_a_batch_or_from_the_prefix_cache() {
     let (off, on) = (plain(), engine(test_config()));
     let prompts = prompts(&on);
-    let mut expected = Vec::new();
-    for p in &prompts {
-        expected.push(scored(&off, p.clone(), 96).await.0);
-    }
-    let (mut drafted, mut accepted) = (0, 0);
-    for (i, p) in prompts.iter().enumerate() {
-        let (got, (d, a)) = scored(&on, p.clone(), 96).await;
-        assert_eq!(got, expected[i], "prompt {i} alone");
-        (drafted, accepted) = (drafted + d, accepted + a);
-    }
+    let (expected, (drafted, accepted)) = same_alone(&off, &on, &prompts, 96).await;
     assert!(
         accepted * 2 > drafted && accepted > 60,
         "the copying prompts are meant to draft well: {accepted} of {drafted} accepted"
@@ -138,16 +148,7 @@ async fn self_drafts_change_no_token_or_logprob_alone_or_in_a_batch() {
         ..test_config()
     });
     let prompts = prompts(&on);
-    let mut expected = Vec::new();
-    for p in &prompts {
-        expected.push(scored(&off, p.clone(), 48).await.0);
-    }
-    let (mut drafted, mut accepted) = (0, 0);
-    for (i, p) in prompts.iter().enumerate() {
-        let (got, (d, a)) = scored(&on, p.clone(), 48).await;
-        assert_eq!(got, expected[i], "prompt {i} alone");
-        (drafted, accepted) = (drafted + d, accepted + a);
-    }
+    let (expected, (drafted, accepted)) = same_alone(&off, &on, &prompts, 48).await;
     assert!(
         accepted > 0 && drafted > accepted,
         "{accepted} of {drafted} drafted tokens accepted"

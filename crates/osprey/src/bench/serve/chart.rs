@@ -5,6 +5,9 @@
 use std::path::Path;
 
 use anyhow::Context;
+use plotters::coord::Shift;
+use plotters::coord::ranged1d::SegmentedCoord;
+use plotters::coord::types::{RangedCoordf64, RangedCoordusize};
 use plotters::prelude::*;
 
 use super::report::Report;
@@ -43,13 +46,9 @@ fn draw_speculation(report: &Report, path: &Path) -> anyhow::Result<()> {
             (name.to_owned(), speed_up, accepted)
         })
         .collect();
-    let last = bars.len().saturating_sub(1);
     let finite = bars.iter().map(|b| b.1).filter(|v| v.is_finite());
     let top = finite.fold(2.2, f64::max) * 1.1;
-    let label = |i: &SegmentValue<usize>| match i {
-        SegmentValue::CenterOf(i) => bars.get(*i).map_or(String::new(), |b| b.0.clone()),
-        _ => String::new(),
-    };
+    let names: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
     let root = SVGBackend::new(path, (1120, 400)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(560);
@@ -57,19 +56,7 @@ fn draw_speculation(report: &Report, path: &Path) -> anyhow::Result<()> {
         [a, b, ..] => format!("output tokens/s, {} ÷ {}", a.label, b.label),
         _ => "output tokens/s".to_owned(),
     };
-    let mut speed = ChartBuilder::on(&left)
-        .caption(caption, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(32)
-        .y_label_area_size(52)
-        .build_cartesian_2d((0..last).into_segmented(), 0.0..top)?;
-    speed
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(bars.len())
-        .x_label_formatter(&label)
-        .y_desc("speed-up (×)")
-        .draw()?;
+    let mut speed = bar_panel(&left, &caption, "speed-up (×)", &names, top)?;
     speed.draw_series(
         Histogram::vertical(&speed)
             .margin(8)
@@ -85,19 +72,7 @@ fn draw_speculation(report: &Report, path: &Path) -> anyhow::Result<()> {
         let line = [(SegmentValue::Exact(0), at), (SegmentValue::Last, at)];
         speed.draw_series(DashedLineSeries::new(line, 6, 4, color.stroke_width(1)))?;
     }
-    let mut accept = ChartBuilder::on(&right)
-        .caption("drafted tokens accepted, %", ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(32)
-        .y_label_area_size(52)
-        .build_cartesian_2d((0..last).into_segmented(), 0.0..100.0)?;
-    accept
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(bars.len())
-        .x_label_formatter(&label)
-        .y_desc("%")
-        .draw()?;
+    let mut accept = bar_panel(&right, "drafted tokens accepted, %", "%", &names, 100.0)?;
     accept.draw_series(
         Histogram::vertical(&accept)
             .margin(8)
@@ -107,6 +82,41 @@ fn draw_speculation(report: &Report, path: &Path) -> anyhow::Result<()> {
     root.present()
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+/// Bars on a panel of one segment per name, labelled by name.
+type BarChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<SegmentedCoord<RangedCoordusize>, RangedCoordf64>>;
+
+/// A panel for one bar per name, from 0 to `top`.
+fn bar_panel<'a, 'b>(
+    area: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    caption: &str,
+    y_desc: &str,
+    names: &[String],
+    top: f64,
+) -> anyhow::Result<BarChart<'a, 'b>> {
+    let label = |i: &SegmentValue<usize>| match i {
+        SegmentValue::CenterOf(i) => names.get(*i).cloned().unwrap_or_default(),
+        _ => String::new(),
+    };
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(52)
+        .build_cartesian_2d(
+            (0..names.len().saturating_sub(1)).into_segmented(),
+            0.0..top,
+        )?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(names.len())
+        .x_label_formatter(&label)
+        .y_desc(y_desc)
+        .draw()?;
+    Ok(chart)
 }
 
 /// A concurrency sweep (workload A): tokens/s and TTFT against concurrency.
