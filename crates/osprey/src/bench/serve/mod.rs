@@ -257,6 +257,7 @@ async fn measure(args: &ServeBenchArgs, runs: Vec<Vec<Level>>) -> anyhow::Result
     }
     bar.finish_and_clear();
 
+    let models: Vec<&str> = targets.iter().map(|t| t.model.as_str()).collect();
     let report = Report {
         workload: format!("{:?}", args.workload),
         seed: args.seed,
@@ -288,7 +289,7 @@ async fn measure(args: &ServeBenchArgs, runs: Vec<Vec<Level>>) -> anyhow::Result
                     name: level.name.clone(),
                     concurrency: level.concurrency,
                     same_text: (args.workload == WorkloadId::S)
-                        .then(|| LevelReport::texts_agree(&servers)),
+                        .then(|| LevelReport::texts_agree(&servers, &models)),
                     servers,
                     advantage,
                 }

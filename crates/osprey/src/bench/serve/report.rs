@@ -225,18 +225,22 @@ pub struct LevelReport {
     /// The first server's advantage over each other one, per group (above 1 = first is
     /// better).
     pub advantage: Vec<(String, BTreeMap<String, Figures>)>,
-    /// Workload S: whether every server wrote the same text in every run (the same engine
-    /// with speculation on and off must).
+    /// Workload S: whether every server wrote, run by run, the same text as the first server
+    /// serving the same model id (the same engine with speculation on and off must; another
+    /// engine, reporting its own id, is compared with itself).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub same_text: Option<bool>,
 }
 
 impl LevelReport {
-    /// Whether every server's runs wrote what the first server's did, run by run.
-    pub fn texts_agree(servers: &[ServerLevel]) -> bool {
+    /// Whether each server's runs wrote what those of the first server with its model id
+    /// (`models[i]` is server `i`'s) did, run by run.
+    pub fn texts_agree(servers: &[ServerLevel], models: &[&str]) -> bool {
         let digests = |s: &ServerLevel| s.runs.iter().map(|r| r.text_digest).collect::<Vec<_>>();
-        let first = servers.first().map(digests).unwrap_or_default();
-        servers.iter().all(|s| digests(s) == first)
+        servers.iter().zip(models).all(|(server, model)| {
+            let first = models.iter().position(|m| m == model).expect("its own");
+            digests(server) == digests(&servers[first])
+        })
     }
 }
 
@@ -415,7 +419,7 @@ fn speculation_table(report: &Report) -> String {
         );
     }
     out += "accept %: drafted tokens the model accepted; per verify: accepted tokens per verified \
-            draft; same text: every server wrote the same answers in every run\n";
+            draft; same text: each server wrote, run by run, the answers of the first server with its model id\n";
     out
 }
 
@@ -436,6 +440,38 @@ mod tests {
             output_tokens: tokens,
             text_hash: tokens,
         }
+    }
+
+    /// Servers are compared with the first server of their model id: two engines may write
+    /// different texts, but one engine must agree with itself.
+    #[test]
+    fn same_text_compares_each_server_with_the_first_of_its_model() {
+        let server = |label: &str, digests: [u64; 2]| {
+            let runs = digests.map(|d| {
+                let mut run = LevelRun::new(&[], &[Class::Interactive], &Tally::default(), 1.0);
+                run.text_digest = d;
+                run
+            });
+            ServerLevel::new(label, runs.to_vec())
+        };
+        let servers = [
+            server("osprey-on", [1, 2]),
+            server("osprey-off", [1, 2]),
+            server("llama-on", [7, 8]),
+            server("llama-off", [7, 8]),
+        ];
+        let models = ["smollm2", "smollm2", "smollm2.gguf", "smollm2.gguf"];
+        assert!(LevelReport::texts_agree(&servers, &models));
+        let mut changed = servers.clone();
+        changed[3] = server("llama-off", [7, 9]);
+        assert!(
+            !LevelReport::texts_agree(&changed, &models),
+            "llama's second run"
+        );
+        assert!(
+            !LevelReport::texts_agree(&servers, &["m"; 4]),
+            "one model id for all"
+        );
     }
 
     #[test]
