@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use osprey_core::SamplingParams;
+use osprey_models::eval::argmax;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -324,17 +325,6 @@ fn best_first_prefix(mut cand: Vec<(u32, f32)>, mass: f32) -> Vec<(u32, f32)> {
         }
         k = (k * 4).min(cand.len());
     }
-}
-
-/// Index of the largest logit (the lowest index among ties).
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// `log Σ exp(x)`, stable.

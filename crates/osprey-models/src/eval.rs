@@ -91,9 +91,16 @@ pub fn perplexity_blockwise(
     (mean, mean.exp())
 }
 
-/// The index of the largest value (the first on ties).
+/// The index of the largest value (the first on ties): greedy decoding's choice, here and in
+/// the engine.
 pub fn argmax(row: &[f32]) -> u32 {
-    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 /// `n` greedy tokens after `prompt`, decoding one token per pass.

@@ -9,6 +9,7 @@
 //! deterministic function of the context, which is what [`crate::sampler::Sampler::verify`]
 //! needs to keep sampling exact.
 
+use osprey_models::eval::argmax;
 use osprey_models::{BatchSeq, ForwardBatch, ForwardScratch, KvCache, LogitsWanted, Transformer};
 
 use crate::scheduler::ScheduledSeq;
@@ -75,15 +76,4 @@ impl Pass<'_> {
             }
         }
     }
-}
-
-/// The index of the largest logit (the first of equals).
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
